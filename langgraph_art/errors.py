@@ -1,0 +1,45 @@
+"""Exceptions raised by langgraph-art. Every message says what was wrong and what to change."""
+
+from __future__ import annotations
+
+
+class LangGraphArtError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class ConfigError(LangGraphArtError, ValueError):
+    """A configuration value is invalid; the message names the field and the accepted values."""
+
+
+class RequestError(LangGraphArtError, ValueError):
+    """A request to the inference service is invalid (HTTP 400). ``param`` names the offending field."""
+
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_request") -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+class ContextLengthError(RequestError):
+    """The prompt (plus the requested completion) does not fit the model's context window (HTTP 400)."""
+
+    def __init__(self, message: str, param: str = "messages") -> None:
+        super().__init__(message, param=param, code="context_length_exceeded")
+
+
+class ModelNotFoundError(LangGraphArtError, LookupError):
+    """The requested model or adapter name is not served (HTTP 404)."""
+
+    def __init__(self, message: str, param: str = "model") -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class AdapterError(LangGraphArtError):
+    """An adapter folder could not be loaded (not a peft adapter, or incompatible with the base model)."""
+
+
+class EngineNotReadyError(LangGraphArtError):
+    """The inference engine is still loading or has been closed (HTTP 503)."""

@@ -1,0 +1,71 @@
+"""One loading path for every model: a hub id, a local folder, or ``"tiny"`` (built offline, then a folder)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+TINY_ALIASES = {
+    "tiny": {},
+    "tiny-5m": {"hidden_size": 256, "num_layers": 6},
+}
+
+
+def resolve_model(model: str) -> str:
+    """Map ``"tiny"``/``"tiny-5m"`` to their built folder; return anything else (hub id or folder) unchanged."""
+    if model in TINY_ALIASES:
+        from langgraph_art.models.tiny import tiny_model
+
+        return str(tiny_model(**TINY_ALIASES[model]))
+    return model
+
+
+def pick_device(device: str | None = None) -> str:
+    if device:
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def load_tokenizer(model: str) -> Any:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(model))
+    if tokenizer.chat_template is None:
+        raise ValueError(
+            f"{model!r} has no chat template; use an instruct/chat model or add a chat_template to its tokenizer"
+        )
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_causal_lm(model: str, *, device: str | None = None, dtype: Any = None) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` through ``from_pretrained``; float32 on CPU, bfloat16 on CUDA unless ``dtype`` is set."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model(model)
+    if os.path.sep in path and not Path(path).exists():
+        raise FileNotFoundError(f"model folder {path!r} does not exist; pass a hub id, a folder or 'tiny'")
+    device = pick_device(device)
+    if dtype is None:
+        dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    lm = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    lm.eval()
+    return lm, load_tokenizer(path)
+
+
+def eos_token_ids(lm: Any, tokenizer: Any) -> set[int]:
+    """Every id that ends a turn: the generation config's EOS ids plus the tokenizer's EOS."""
+    ids: set[int] = set()
+    configured = getattr(getattr(lm, "generation_config", None), "eos_token_id", None)
+    if isinstance(configured, int):
+        ids.add(configured)
+    elif configured:
+        ids.update(int(i) for i in configured)
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids

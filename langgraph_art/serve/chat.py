@@ -1,0 +1,165 @@
+"""Chat <-> tokens around an engine: render prompts, turn samples into OpenAI messages, stream text safely.
+
+Shared by every engine, so prompt ids, tool-call parsing and logprob entries are identical whatever samples.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from langgraph_art.errors import RequestError
+from langgraph_art.serve.engines.base import Sample
+
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    """Token ids of the chat-templated prompt, ending with the assistant generation header."""
+    try:
+        ids = tokenizer.apply_chat_template(
+            messages, tools=tools or None, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+    except Exception as exc:  # noqa: BLE001 - jinja errors (raise_exception in the template) become a 400
+        raise RequestError(f"the messages cannot be rendered with this model's chat template: {exc}",
+                           "messages") from exc  # fmt: skip
+    return [int(i) for i in ids]
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """Split hermes-style ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks out of ``text``.
+
+    Returns the remaining content (None when nothing but tool calls was said) and OpenAI ``tool_calls``. A block
+    whose JSON is invalid or lacks a name stays in the content, so nothing the model wrote is dropped.
+    """
+    calls: list[dict[str, Any]] = []
+    kept: list[str] = []
+    last = 0
+    for match in _TOOL_CALL.finditer(text):
+        call = _tool_call(match.group(1))
+        if call is None:
+            continue
+        kept.append(text[last : match.start()])
+        last = match.end()
+        calls.append(call)
+    kept.append(text[last:])
+    if not calls:
+        return text, calls
+    content = "".join(kept)
+    return (content if content.strip() else None), calls
+
+
+def _tool_call(payload: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads(payload)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        return None
+    arguments = data.get("arguments", data.get("parameters", {}))
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": data["name"], "arguments": arguments},
+    }
+
+
+class TokenText:
+    """Per-token text and UTF-8 bytes for logprob entries (byte-level BPE aware), cached per id."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._cache: dict[int, tuple[str, list[int]]] = {}
+        try:
+            from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+
+            self._byte_of = {ch: b for b, ch in bytes_to_unicode().items()}
+        except ImportError:  # pragma: no cover - transformers always ships it
+            self._byte_of = {}
+        self._added = {int(i) for i in getattr(tokenizer, "added_tokens_decoder", {})}
+
+    def __call__(self, token_id: int) -> tuple[str, list[int]]:
+        hit = self._cache.get(token_id)
+        if hit is None:
+            hit = self._cache[token_id] = self._compute(token_id)
+        return hit
+
+    def _compute(self, token_id: int) -> tuple[str, list[int]]:
+        piece = self._tokenizer.convert_ids_to_tokens(token_id)
+        if token_id not in self._added and piece and all(ch in self._byte_of for ch in piece):
+            raw = bytes(self._byte_of[ch] for ch in piece)
+            return raw.decode("utf-8", errors="replace"), list(raw)
+        text = self._tokenizer.decode([token_id], skip_special_tokens=False)
+        return text, list(text.encode())
+
+
+def logprob_content(sample_ids: Sequence[int], logprobs: Sequence[float],
+                    tops: Sequence[Sequence[tuple[int, float]]], token_text: TokenText) -> list[dict[str, Any]]:  # fmt: skip
+    """OpenAI ``logprobs.content`` entries, each also carrying ``token_id`` (kept by langchain-openai)."""
+    entries = []
+    for token_id, logprob, top in zip(sample_ids, logprobs, tops, strict=True):
+        text, raw = token_text(token_id)
+        entries.append(
+            {
+                "token": text,
+                "logprob": logprob,
+                "bytes": raw,
+                "token_id": token_id,
+                "top_logprobs": [
+                    {"token": token_text(i)[0], "logprob": lp, "bytes": token_text(i)[1], "token_id": i}
+                    for i, lp in top
+                ],
+            }
+        )
+    return entries
+
+
+def assistant_message(sample: Sample, parse_tools: bool) -> tuple[dict[str, Any], str]:
+    """The OpenAI assistant message for a sample and its finish reason (``tool_calls`` when it called tools)."""
+    if parse_tools:
+        content, calls = parse_tool_calls(sample.text)
+        if calls:
+            return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+    return {"role": "assistant", "content": sample.text}, sample.finish_reason
+
+
+class StreamedText:
+    """Releases streamed text that can no longer change: held back are a partial UTF-8 character, anything from
+    a ``<tool_call>`` on (sent as tool-call deltas at the end), and a suffix that could begin a stop string."""
+
+    def __init__(self, tokenizer: Any, stops: Sequence[str], tools: bool) -> None:
+        self._tokenizer = tokenizer
+        self._markers = list(stops) + ([TOOL_CALL_OPEN] if tools else [])
+        self._ids: list[int] = []
+        self.sent = ""
+
+    def push(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        text = self._tokenizer.decode(self._ids, skip_special_tokens=True)
+        safe = len(text)
+        for marker in self._markers:
+            found = text.find(marker)
+            if found >= 0:
+                safe = min(safe, found)
+            for k in range(min(len(marker) - 1, len(text)), 0, -1):
+                if text.endswith(marker[:k]):
+                    safe = min(safe, len(text) - k)
+                    break
+        while safe > 0 and text[safe - 1] == "\ufffd":
+            safe -= 1
+        if safe <= len(self.sent):
+            return ""
+        delta = text[len(self.sent) : safe]
+        self.sent = text[:safe]
+        return delta
+
+    def rest(self, final_content: str | None) -> str:
+        """What is left of the final content after what was already sent."""
+        final = final_content or ""
+        return final[len(self.sent) :] if final.startswith(self.sent) else ""

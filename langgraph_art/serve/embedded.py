@@ -1,0 +1,93 @@
+"""Serve the app from the user's own process: uvicorn on a free loopback port in a background thread."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from typing import Any
+
+from langgraph_art.errors import EngineNotReadyError
+
+
+class EmbeddedServer:
+    """``with EmbeddedServer("tiny") as server: ChatOpenAI(base_url=server.base_url, ...)``.
+
+    ``start()`` returns once the engine has loaded (or raises its load error); ``stop()`` shuts uvicorn down,
+    closes the engine and joins the thread.
+    """
+
+    def __init__(self, model: str | Any = "tiny", *, host: str = "127.0.0.1", port: int = 0,
+                 api_key: str | None = None, **engine_kwargs: Any) -> None:  # fmt: skip
+        from langgraph_art.serve.app import create_app
+
+        if isinstance(model, str):
+            from langgraph_art.serve.engines.hf import HFEngine
+
+            model = HFEngine(model, **engine_kwargs)
+        self.engine = model
+        self.app = create_app(self.engine, api_key=api_key)
+        self.api_key = api_key
+        self._host, self._port = host, port
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self._host}:{self._port}/v1"
+
+    def start(self, timeout: float = 300.0) -> EmbeddedServer:
+        import uvicorn
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self._host, self._port))
+        self._port = sock.getsockname()[1]
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="on", timeout_keep_alive=30)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve(sockets=[sock])),
+                                        name="langgraph-art-embedded-server", daemon=True)  # fmt: skip
+        self._thread.start()
+        self._wait_ready(timeout)
+        return self
+
+    def _wait_ready(self, timeout: float) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._thread is not None and not self._thread.is_alive():
+                raise EngineNotReadyError("the embedded server thread exited during start-up; see the log")
+            try:
+                response = httpx.get(f"http://{self._host}:{self._port}/health", timeout=2.0)
+            except httpx.TransportError:
+                time.sleep(0.05)
+                continue
+            body = response.json()
+            if response.status_code == 200:
+                return
+            if body.get("status") == "error":
+                self.stop()
+                raise EngineNotReadyError(f"the engine failed to load: {body.get('error')}")
+            time.sleep(0.05)
+        self.stop()
+        raise EngineNotReadyError(f"the embedded server was not ready within {timeout:.0f} s")
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def __enter__(self) -> EmbeddedServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_embedded_server(model: str | Any = "tiny", **kwargs: Any) -> EmbeddedServer:
+    """Start the inference service in this process on a free loopback port; ``.base_url`` to talk to it."""
+    return EmbeddedServer(model, **kwargs).start()

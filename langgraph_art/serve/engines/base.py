@@ -1,0 +1,142 @@
+"""The ``Engine`` protocol that both the transformers+peft engine and the vLLM engine implement.
+
+An engine works on token ids: the app renders chat messages to ``prompt_token_ids`` with the model's chat template
+(so prompt ids are exact and identical across engines) and parses tool calls out of the sampled text. The engine
+samples, and for every sampled token reports its id and its logprob under the distribution it was actually
+sampled from (``log_softmax(logits / temperature)`` after top-p masking; raw ``log_softmax(logits)`` for greedy
+``temperature=0``) -- the quantity the GRPO trainer recomputes.
+
+Adapters are addressed by name (``"agent@12"``); a request names at most one adapter, ``None`` for the base model.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from langgraph_art.errors import RequestError
+
+FinishReason = Literal["stop", "length"]
+MAX_N = 64
+MAX_TOP_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings of one request. ``max_tokens=None`` means: up to the end of the context window."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int | None = None
+    stop: tuple[str, ...] = ()
+    n: int = 1
+    seed: int | None = None
+    top_logprobs: int = 0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.temperature) and 0.0 <= self.temperature <= 100.0):
+            raise RequestError(f"temperature must be between 0 and 100, got {self.temperature}", "temperature")
+        if not (0.0 < self.top_p <= 1.0):
+            raise RequestError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise RequestError(f"max_tokens must be at least 1, got {self.max_tokens}", "max_tokens")
+        if not (1 <= self.n <= MAX_N):
+            raise RequestError(f"n must be between 1 and {MAX_N}, got {self.n}", "n")
+        if not (0 <= self.top_logprobs <= MAX_TOP_LOGPROBS):
+            raise RequestError(
+                f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {self.top_logprobs}", "top_logprobs"
+            )
+        if any(not s for s in self.stop):
+            raise RequestError("stop strings must not be empty", "stop")
+
+
+@dataclass
+class GenerationRequest:
+    prompt_token_ids: list[int]
+    params: SamplingParams = field(default_factory=SamplingParams)
+    adapter: str | None = None
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One sampled token of choice ``index``, as it is produced (used for streaming)."""
+
+    index: int
+    token_id: int
+    logprob: float
+    top_logprobs: list[tuple[int, float]]
+
+
+@dataclass
+class Sample:
+    """One finished choice: every sampled token (including a final EOS) with its logprob.
+
+    ``text`` is the decoded completion without special tokens, cut before a matched stop string; the ids are
+    everything sampled (as vLLM reports them), so training sees exactly what the policy produced.
+    """
+
+    index: int
+    token_ids: list[int]
+    logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]]
+    text: str
+    finish_reason: FinishReason
+
+
+@dataclass
+class GenerationResult:
+    request_id: str
+    prompt_token_ids: list[int]
+    samples: list[Sample]
+    adapter: str | None
+
+
+@dataclass(frozen=True)
+class FinishedEvent:
+    """The last event of a streamed request: the finished result."""
+
+    result: GenerationResult
+
+
+StreamEvent = TokenEvent | FinishedEvent
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the app needs from an inference engine."""
+
+    base_model: str
+    max_model_len: int
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    async def start(self) -> None:
+        """Load weights; after it returns, ``generate`` works."""
+
+    async def close(self) -> None:
+        """Stop accepting work, fail pending requests, free memory."""
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult: ...
+
+    def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        """Token events as they are sampled, then one ``FinishedEvent``."""
+        ...
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Load (or replace) a peft LoRA adapter folder under ``name``."""
+
+    async def unload_adapter(self, name: str) -> None: ...
+
+    def adapters(self) -> dict[str, str]:
+        """Loaded adapters: name -> folder."""
+        ...
+
+
+def stop_position(text: str, stops: Sequence[str]) -> int:
+    """Index of the earliest stop string in ``text``, or -1."""
+    positions = [p for p in (text.find(s) for s in stops) if p >= 0]
+    return min(positions) if positions else -1

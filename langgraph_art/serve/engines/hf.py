@@ -1,0 +1,430 @@
+"""``HFEngine``: transformers + peft inference on CPU or CUDA, with dynamic batching and LoRA adapters by name.
+
+One worker thread owns the model. Requests queue up; each time the worker is free it takes the oldest request
+and every queued request for the same adapter (up to ``max_batch_size`` rows, ``n`` rows per request), so
+requests that arrive while a batch runs join the next one. Adapter loads and unloads go through the same queue
+and act as barriers, so a batch never sees an adapter change under it. Rows that finish leave the KV cache at
+once, so a long request does not keep short ones' memory busy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import itertools
+import json
+import logging
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from langgraph_art.errors import AdapterError, ContextLengthError, EngineNotReadyError, ModelNotFoundError
+from langgraph_art.models.loading import eos_token_ids, load_causal_lm
+from langgraph_art.serve.engines import sampling
+from langgraph_art.serve.engines.base import (
+    FinishedEvent,
+    GenerationRequest,
+    GenerationResult,
+    Sample,
+    StreamEvent,
+    TokenEvent,
+    stop_position,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Job:
+    request: GenerationRequest
+    max_new: int
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue[StreamEvent | BaseException]
+    streaming: bool
+    cancelled: bool = False
+    samples: list[Sample | None] = field(default_factory=list)
+
+    def post(self, item: StreamEvent | BaseException) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+
+
+@dataclass
+class _Command:
+    run: Callable[[], Any]
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any]
+
+
+@dataclass
+class _Row:
+    job: _Job
+    index: int
+    generator: torch.Generator | None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+
+
+class HFEngine:
+    """Serve a causal LM (hub id, folder or ``"tiny"``) and any number of peft LoRA adapters."""
+
+    def __init__(
+        self,
+        model: str = "tiny",
+        *,
+        served_name: str | None = None,
+        device: str | None = None,
+        dtype: Any = None,
+        max_batch_size: int = 64,
+        max_model_len: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
+        self.model_path = model
+        self.base_model = served_name or model
+        self.max_batch_size = max_batch_size
+        self.max_model_len = max_model_len or 0
+        self._device, self._dtype, self._seed = device, dtype, seed
+        self._lm: Any = None
+        self._tokenizer: Any = None
+        self._peft: Any = None
+        self._adapters: dict[str, tuple[str, str]] = {}  # public name -> (peft key, folder)
+        self._keys = itertools.count(1)
+        self._queue: collections.deque[_Job | _Command] = collections.deque()
+        self._cv = threading.Condition()
+        self._worker: threading.Thread | None = None
+        self._closed = False
+        self._ready = False
+        self.batches_run = 0  # observability for tests and benchmarks
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            raise EngineNotReadyError("the engine is still loading its model")
+        return self._tokenizer
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    async def start(self) -> None:
+        if self._ready:
+            return
+        await asyncio.to_thread(self._load)
+        self._worker = threading.Thread(target=self._work, name="langgraph-art-hf-engine", daemon=True)
+        self._worker.start()
+        self._ready = True
+
+    def _load(self) -> None:
+        self._lm, self._tokenizer = load_causal_lm(self.model_path, device=self._device, dtype=self._dtype)
+        limit = int(getattr(self._lm.config, "max_position_embeddings", 0) or 0)
+        self.max_model_len = min(self.max_model_len or limit, limit) if limit else self.max_model_len or 4096
+        self._eos = eos_token_ids(self._lm, self._tokenizer)
+        self._pad = int(self._tokenizer.pad_token_id)
+        self._rng = torch.Generator(device=self._lm.device).manual_seed(self._seed)
+        params = inspect.signature(self._lm.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+
+    async def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            pending = list(self._queue)
+            self._queue.clear()
+            self._cv.notify_all()
+        for item in pending:
+            error = EngineNotReadyError("the engine was closed before this request ran")
+            if isinstance(item, _Job):
+                item.post(error)
+            else:
+                item.loop.call_soon_threadsafe(_set_exception, item.future, error)
+        if self._worker is not None:
+            await asyncio.to_thread(self._worker.join, 30)
+        self._ready = False
+
+    # -- public API ------------------------------------------------------------------------------------------
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        async for event in self._submit(request, streaming=False):
+            if isinstance(event, FinishedEvent):
+                return event.result
+        raise RuntimeError("engine finished without a result")  # pragma: no cover - _submit always finishes
+
+    def stream(self, request: GenerationRequest) -> AsyncIterator[StreamEvent]:
+        return self._submit(request, streaming=True)
+
+    async def _submit(self, request: GenerationRequest, streaming: bool) -> AsyncIterator[StreamEvent]:
+        if not self._ready or self._closed:
+            raise EngineNotReadyError("the engine is not running (still loading, or closed)")
+        if request.adapter is not None and request.adapter not in self._adapters:
+            raise ModelNotFoundError(f"adapter {request.adapter!r} is not loaded; loaded: {sorted(self._adapters)}")
+        job = _Job(
+            request=request,
+            max_new=self._max_new_tokens(request),
+            loop=asyncio.get_running_loop(),
+            events=asyncio.Queue(),
+            streaming=streaming,
+        )
+        request.request_id = request.request_id or uuid.uuid4().hex
+        with self._cv:
+            self._queue.append(job)
+            self._cv.notify()
+        try:
+            while True:
+                item = await job.events.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if isinstance(item, FinishedEvent):
+                    return
+        finally:
+            job.cancelled = True  # a client that went away stops its rows at the next step
+
+    def _max_new_tokens(self, request: GenerationRequest) -> int:
+        prompt_len = len(request.prompt_token_ids)
+        if prompt_len == 0:
+            raise ContextLengthError("the prompt is empty", param="messages")
+        room = self.max_model_len - prompt_len
+        if room < 1:
+            raise ContextLengthError(
+                f"the prompt has {prompt_len} tokens; this model's context length is {self.max_model_len}. "
+                "Shorten the messages."
+            )
+        wanted = request.params.max_tokens
+        if wanted is not None and wanted > room:
+            raise ContextLengthError(
+                f"the prompt ({prompt_len} tokens) plus max_tokens ({wanted}) exceeds the context length "
+                f"{self.max_model_len}; ask for at most {room} tokens",
+                param="max_tokens",
+            )
+        return wanted or room
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        folder = Path(path)
+        config = folder / "adapter_config.json"
+        if not config.is_file():
+            raise AdapterError(f"{path!r} is not a peft adapter folder (no adapter_config.json in it)")
+        if "@" in name and not name.rsplit("@", 1)[1].isdigit():
+            raise AdapterError(f"adapter name {name!r}: the part after '@' must be a step number, like 'agent@12'")
+        json.loads(config.read_text())  # a corrupt config fails here with a clear JSONDecodeError
+        await self._command(lambda: self._do_load_adapter(name, str(folder)))
+
+    async def unload_adapter(self, name: str) -> None:
+        if name not in self._adapters:
+            raise ModelNotFoundError(f"adapter {name!r} is not loaded; loaded: {sorted(self._adapters)}")
+        await self._command(lambda: self._do_unload_adapter(name))
+
+    def adapters(self) -> dict[str, str]:
+        return {name: folder for name, (_, folder) in self._adapters.items()}
+
+    async def _command(self, run: Callable[[], Any]) -> Any:
+        if not self._ready or self._closed:
+            raise EngineNotReadyError("the engine is not running (still loading, or closed)")
+        loop = asyncio.get_running_loop()
+        command = _Command(run=run, loop=loop, future=loop.create_future())
+        with self._cv:
+            self._queue.append(command)
+            self._cv.notify()
+        return await command.future
+
+    # -- worker thread ---------------------------------------------------------------------------------------
+    def _work(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            with self._cv:
+                while not self._queue and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    return
+                work = self._take_batch()
+            if isinstance(work, _Command):
+                try:
+                    result = work.run()
+                    work.loop.call_soon_threadsafe(_set_result, work.future, result)
+                except Exception as exc:  # noqa: BLE001 - handed to the awaiting caller, not swallowed
+                    work.loop.call_soon_threadsafe(_set_exception, work.future, exc)
+                continue
+            try:
+                self._run_batch(work)
+            except Exception as exc:  # noqa: BLE001 - every job of the failed batch gets the error
+                log.exception("batch of %d requests failed", len(work))
+                for job in work:
+                    job.post(exc)
+
+    def _take_batch(self) -> _Command | list[_Job]:
+        """Called with the lock held: the next command, or the oldest job plus same-adapter jobs behind it."""
+        head = self._queue[0]
+        if isinstance(head, _Command):
+            return self._queue.popleft()
+        batch: list[_Job] = []
+        rows = 0
+        kept: collections.deque[_Job | _Command] = collections.deque()
+        while self._queue:
+            item = self._queue.popleft()
+            if isinstance(item, _Command):  # a barrier: nothing behind it joins this batch
+                kept.append(item)
+                kept.extend(self._queue)
+                self._queue.clear()
+                break
+            fits = rows + item.request.params.n <= self.max_batch_size or not batch
+            if item.request.adapter == head.request.adapter and fits and not item.cancelled:
+                batch.append(item)
+                rows += item.request.params.n
+            elif not item.cancelled:
+                kept.append(item)
+        self._queue.extendleft(reversed(kept))
+        return batch
+
+    def _run_batch(self, jobs: list[_Job]) -> None:
+        adapter = jobs[0].request.adapter
+        self.batches_run += 1
+        if adapter is None:
+            if self._peft is not None:
+                with self._peft.disable_adapter():
+                    self._decode(jobs, self._peft)
+            else:
+                self._decode(jobs, self._lm)
+            return
+        key = self._adapters.get(adapter)
+        if key is None:
+            raise ModelNotFoundError(f"adapter {adapter!r} was unloaded before the request ran")
+        self._peft.set_adapter(key[0])
+        self._decode(jobs, self._peft)
+
+    def _decode(self, jobs: list[_Job], model: Any) -> None:
+        device = self._lm.device
+        rows: list[_Row] = []
+        for job in jobs:
+            params = job.request.params
+            job.samples = [None] * params.n
+            for i in range(params.n):
+                gen = None
+                if params.seed is not None:
+                    gen = torch.Generator(device=device).manual_seed(params.seed + i)
+                rows.append(_Row(job=job, index=i, generator=gen))
+        prompts = [r.job.request.prompt_token_ids for r in rows]
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(rows), width), self._pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, prompt in enumerate(prompts):  # left padding: every row's next token lands in the last column
+            input_ids[i, width - len(prompt) :] = torch.tensor(prompt)
+            mask[i, width - len(prompt) :] = 1
+        input_ids, mask = input_ids.to(device), mask.to(device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        temps = torch.tensor([r.job.request.params.temperature for r in rows], device=device)
+        top_ps = torch.tensor([r.job.request.params.top_p for r in rows], device=device)
+        want_top = max(r.job.request.params.top_logprobs for r in rows)
+
+        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                    logits_to_keep=1)  # fmt: skip
+        cache = _cache_of(out)
+        next_pos = positions[:, -1:] + 1  # [B, 1]
+        active = list(range(len(rows)))  # indices into `rows` of the rows still in the batch
+        while True:
+            logprobs = sampling.process_logits(out.logits[:, -1, :], temps, top_ps)  # [B, V]
+            tokens = sampling.sample_tokens(logprobs, temps <= 0, [rows[i].generator for i in active], self._rng)
+            chosen = logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).tolist()  # [B]
+            top_values, top_ids = sampling.top_logprobs(logprobs, want_top)
+            token_list = tokens.tolist()
+            keep: list[int] = []
+            for b, i in enumerate(active):
+                row = rows[i]
+                k = row.job.request.params.top_logprobs
+                top = list(zip(top_ids[b, :k].tolist(), top_values[b, :k].tolist(), strict=True)) if k else []
+                row.token_ids.append(token_list[b])
+                row.logprobs.append(chosen[b])
+                row.top.append(top)
+                if row.job.streaming:
+                    row.job.post(TokenEvent(row.index, token_list[b], chosen[b], top))
+                if not self._finish_if_done(row):
+                    keep.append(b)
+            if not keep:
+                return
+            if len(keep) < len(active):  # finished rows leave the batch and the KV cache
+                index = torch.tensor(keep, device=device)
+                cache.batch_select_indices(index)
+                tokens, mask, next_pos = tokens[index], mask[index], next_pos[index]
+                temps, top_ps = temps[index], top_ps[index]
+                active = [active[b] for b in keep]
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+            out = model(input_ids=tokens.unsqueeze(-1), attention_mask=mask, position_ids=next_pos,
+                        use_cache=True, **{self._cache_kwarg: cache})  # fmt: skip
+            cache = _cache_of(out)
+            next_pos = next_pos + 1
+
+    def _finish_if_done(self, row: _Row) -> bool:
+        """Record the row's sample if it is finished; True when it is."""
+        job, params = row.job, row.job.request.params
+        reason: str | None = None
+        text: str | None = None
+        if job.cancelled:
+            reason = "length"
+        elif row.token_ids[-1] in self._eos:
+            reason = "stop"
+        elif params.stop:
+            text = self._tokenizer.decode(row.token_ids, skip_special_tokens=True)
+            if stop_position(text, params.stop) >= 0:
+                reason = "stop"
+        if reason is None and len(row.token_ids) >= job.max_new:
+            reason = "length"
+        if reason is None:
+            return False
+        if text is None:
+            text = self._tokenizer.decode(row.token_ids, skip_special_tokens=True)
+        cut = stop_position(text, params.stop) if params.stop else -1
+        job.samples[row.index] = Sample(
+            index=row.index,
+            token_ids=row.token_ids,
+            logprobs=row.logprobs,
+            top_logprobs=row.top,
+            text=text[:cut] if cut >= 0 else text,
+            finish_reason="stop" if reason == "stop" else "length",
+        )
+        if all(s is not None for s in job.samples):
+            samples = [s for s in job.samples if s is not None]
+            req = job.request
+            job.post(FinishedEvent(GenerationResult(req.request_id, req.prompt_token_ids, samples, req.adapter)))
+        return True
+
+    # -- adapters (worker thread only) -----------------------------------------------------------------------
+    def _do_load_adapter(self, name: str, folder: str) -> None:
+        from peft import PeftModel
+
+        key = f"adapter_{next(self._keys)}"
+        try:
+            if self._peft is None:
+                self._peft = PeftModel.from_pretrained(self._lm, folder, adapter_name=key, is_trainable=False)
+            else:
+                self._peft.load_adapter(folder, adapter_name=key, is_trainable=False)
+        except Exception as exc:
+            raise AdapterError(f"could not load adapter {name!r} from {folder!r}: {exc}") from exc
+        self._peft.eval()
+        previous = self._adapters.get(name)
+        self._adapters[name] = (key, folder)
+        if previous is not None:  # replacing a name: the new weights are in place before the old go
+            self._peft.delete_adapter(previous[0])
+
+    def _do_unload_adapter(self, name: str) -> None:
+        key, _ = self._adapters.pop(name)
+        self._peft.delete_adapter(key)
+
+
+def _set_result(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def _set_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
+    if not future.done():
+        future.set_exception(exc)
+
+
+def _cache_of(output: Any) -> Any:
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values

@@ -1,0 +1,69 @@
+"""Pure sampling math for the HF engine (torch). Shapes: B = rows in the batch, V = vocabulary size.
+
+The logprob reported for a token is taken under the distribution it was sampled from: logits divided by the
+row's temperature, top-p mask applied (masked tokens at -inf), then ``log_softmax``. For greedy rows
+(temperature 0) it is the raw ``log_softmax(logits)``, as vLLM reports it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def process_logits(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities of the sampling distribution of each row.
+
+    logits: [B, V] float; temperature: [B] (0 = greedy); top_p: [B] in (0, 1]. Returns [B, V] float32.
+    """
+    logits = logits.float()
+    greedy = temperature <= 0
+    scale = torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(-1)  # [B, 1]
+    logprobs = torch.log_softmax(logits / scale, dim=-1)  # [B, V]
+    needs_top_p = (top_p < 1.0) & ~greedy
+    if bool(needs_top_p.any()):
+        logprobs = _apply_top_p(logprobs, top_p, needs_top_p)
+    return logprobs
+
+
+def _apply_top_p(logprobs: torch.Tensor, top_p: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose mass reaches top_p; renormalise. [B, V] -> [B, V]."""
+    sorted_lp, order = logprobs.sort(dim=-1, descending=True)  # [B, V]
+    probs = sorted_lp.exp()
+    mass_before = probs.cumsum(dim=-1) - probs  # [B, V] mass strictly above each token
+    drop_sorted = (mass_before >= top_p.unsqueeze(-1)) & rows.unsqueeze(-1)
+    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+    masked = logprobs.masked_fill(drop, float("-inf"))
+    return torch.log_softmax(masked, dim=-1)
+
+
+def sample_tokens(
+    logprobs: torch.Tensor,
+    greedy: torch.Tensor,
+    generators: list[torch.Generator | None],
+    default_generator: torch.Generator,
+) -> torch.Tensor:
+    """One token per row. logprobs: [B, V]; greedy: [B] bool; generators: B entries (None = shared). -> [B] long.
+
+    Rows with their own generator (a request ``seed``) are sampled one by one so each is reproducible whatever
+    else is in the batch; the rest share one batched draw from ``default_generator``.
+    """
+    tokens = logprobs.argmax(dim=-1)  # [B]
+    probs = logprobs.exp()
+    shared = [i for i, g in enumerate(generators) if g is None and not bool(greedy[i])]
+    if shared:
+        index = torch.tensor(shared, device=logprobs.device)
+        drawn = torch.multinomial(probs[index], 1, generator=default_generator).squeeze(-1)
+        tokens[index] = drawn
+    for i, gen in enumerate(generators):
+        if gen is not None and not bool(greedy[i]):
+            tokens[i] = torch.multinomial(probs[i], 1, generator=gen)[0]
+    return tokens
+
+
+def top_logprobs(logprobs: torch.Tensor, k: int) -> tuple[Any, Any]:
+    """The k most likely tokens per row: (values [B, k], ids [B, k]); empty when k == 0."""
+    k = max(0, min(k, logprobs.shape[-1]))
+    values, ids = logprobs.topk(k, dim=-1)
+    return values, ids
