@@ -1,0 +1,66 @@
+"""langgraph-art: reinforcement learning for existing LangGraph agents.
+
+``import langgraph_art`` stays light (no torch, transformers, peft, vllm, fastapi or langfuse): the heavy parts
+load on first use of the names below.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from langgraph_art.errors import (
+    AdapterError,
+    ConfigError,
+    ContextLengthError,
+    EngineNotReadyError,
+    LangGraphArtError,
+    ModelNotFoundError,
+    RequestError,
+)
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "tiny_model": "langgraph_art.models.tiny",
+    "EmbeddedServer": "langgraph_art.serve.embedded",
+    "start_embedded_server": "langgraph_art.serve.embedded",
+    "HFEngine": "langgraph_art.serve.engines.hf",
+    "create_app": "langgraph_art.serve.app",
+}
+
+if TYPE_CHECKING:
+    from langgraph_art.models.tiny import tiny_model
+    from langgraph_art.serve.app import create_app
+    from langgraph_art.serve.embedded import EmbeddedServer, start_embedded_server
+    from langgraph_art.serve.engines.hf import HFEngine
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'langgraph_art' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
+
+__all__ = [
+    "AdapterError",
+    "ConfigError",
+    "ContextLengthError",
+    "EmbeddedServer",
+    "EngineNotReadyError",
+    "HFEngine",
+    "LangGraphArtError",
+    "ModelNotFoundError",
+    "RequestError",
+    "__version__",
+    "create_app",
+    "start_embedded_server",
+    "tiny_model",
+]

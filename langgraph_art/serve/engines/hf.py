@@ -17,6 +17,7 @@ import json
 import logging
 import threading
 import uuid
+import warnings
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -408,11 +409,16 @@ class HFEngine:
         previous = self._adapters.get(name)
         self._adapters[name] = (key, folder)
         if previous is not None:  # replacing a name: the new weights are in place before the old go
-            self._peft.delete_adapter(previous[0])
+            self._delete(previous[0])
 
     def _do_unload_adapter(self, name: str) -> None:
         key, _ = self._adapters.pop(name)
-        self._peft.delete_adapter(key)
+        self._delete(key)
+
+    def _delete(self, key: str) -> None:
+        with warnings.catch_warnings():  # peft warns that the active adapter changed: each batch sets its own
+            warnings.filterwarnings("ignore", message=".*was active which is now deleted.*")
+            self._peft.delete_adapter(key)
 
 
 def _set_result(future: asyncio.Future[Any], value: Any) -> None:

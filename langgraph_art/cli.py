@@ -1,0 +1,87 @@
+"""``langgraph-art`` command line: ``serve`` the inference service, ``demo`` the main job."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+from typing import Annotated
+
+import typer
+
+app = typer.Typer(help="langgraph-art: reinforcement learning for LangGraph agents.", no_args_is_help=True,
+                  add_completion=False)  # fmt: skip
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and names that resolve only to loopback addresses (``localhost``)."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except socket.gaierror:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)
+
+
+@app.command()
+def serve(
+    model: Annotated[str, typer.Option(help="'tiny', 'tiny-5m', a Hugging Face hub id, or a local folder")] = "tiny",
+    host: Annotated[str, typer.Option(help="interface to bind")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="TCP port")] = 8000,
+    api_key: Annotated[str | None, typer.Option(envvar="LANGGRAPH_ART_API_KEY",
+                                                help="require 'Authorization: Bearer KEY'")] = None,  # fmt: skip
+    served_name: Annotated[str | None, typer.Option(help="model name clients use (default: --model)")] = None,
+    device: Annotated[str | None, typer.Option(help="'cpu', 'cuda', 'cuda:1' (default: cuda if present)")] = None,
+    max_batch_size: Annotated[int, typer.Option(help="rows (requests x n) decoded together")] = 64,
+) -> None:
+    """Serve a model and its LoRA adapters over an OpenAI-compatible HTTP API."""
+    if not is_loopback(host) and not api_key:
+        typer.echo(
+            f"Refusing to bind {host!r} without an API key: anyone on the network could use the model. "
+            "Pass --api-key KEY (or set LANGGRAPH_ART_API_KEY), or bind --host 127.0.0.1.",
+            err=True,
+        )
+        raise typer.Exit(2)
+    import uvicorn
+
+    from langgraph_art.serve.app import create_app
+    from langgraph_art.serve.engines.hf import HFEngine
+
+    engine = HFEngine(model, served_name=served_name, device=device, max_batch_size=max_batch_size)
+    typer.echo(f"langgraph-art: serving {engine.base_model!r} on http://{host}:{port}/v1 (loading the model...)")
+    uvicorn.run(create_app(engine, api_key=api_key), host=host, port=port, log_level="info")
+
+
+@app.command()
+def demo(
+    model: Annotated[str, typer.Option(help="model to serve")] = "tiny",
+) -> None:
+    """Start the embedded service on the tiny model and talk to it through LangChain's ChatOpenAI."""
+    from langchain_openai import ChatOpenAI
+
+    from langgraph_art.serve.embedded import start_embedded_server
+
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    typer.echo(f"Building/loading {model!r} and starting the embedded service...")
+    server = start_embedded_server(model)
+    try:
+        llm = ChatOpenAI(base_url=server.base_url, api_key="unused", model=model, logprobs=True,
+                         max_completion_tokens=24, temperature=1.0, use_responses_api=False)  # fmt: skip
+        reply = llm.invoke("Hello! What is the weather in Paris?")
+        entries = reply.response_metadata["logprobs"]["content"]
+        typer.echo(f"service: {server.base_url}")
+        typer.echo(f"reply ({len(entries)} tokens, finish={reply.response_metadata.get('finish_reason')}): "
+                   f"{reply.content!r}")  # fmt: skip
+        typer.echo(f"{'token_id':>8}  {'logprob':>9}  token")
+        for entry in entries[:12]:
+            typer.echo(f"{entry['token_id']:>8}  {entry['logprob']:>9.4f}  {entry['token']!r}")
+        typer.echo("(The tiny model is random-init: the words are noise; the ids and logprobs are exact.)")
+    finally:
+        server.stop()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

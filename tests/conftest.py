@@ -1,0 +1,74 @@
+"""Shared fixtures: one tiny model build, one embedded server and one trained LoRA adapter per test session."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+from collections.abc import Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    if has_cuda:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_thread() -> None:
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def tiny_path() -> Path:
+    from langgraph_art.models.tiny import tiny_model
+
+    return tiny_model()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_path: Path):  # noqa: ANN201
+    from langgraph_art.models.loading import load_tokenizer
+
+    return load_tokenizer(str(tiny_path))
+
+
+@pytest.fixture(scope="session")
+def tool_adapter(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A peft LoRA adapter trained (a few seconds of SFT) to answer with a get_weather tool call."""
+    from tests.helpers import train_tool_call_adapter
+
+    return train_tool_call_adapter(tiny_path, tmp_path_factory.mktemp("adapters") / "weather")
+
+
+@pytest.fixture(scope="session")
+def server(tiny_path: Path, tool_adapter: Path) -> Iterator:
+    """The embedded service on the tiny model, with the tool-call adapter loaded as ``weather@1``."""
+    import httpx
+
+    from langgraph_art.serve.embedded import EmbeddedServer
+
+    with EmbeddedServer(str(tiny_path), served_name="tiny") as running:
+        response = httpx.post(f"{running.base_url}/adapters", json={"name": "weather@1", "path": str(tool_adapter)})
+        response.raise_for_status()
+        yield running

@@ -1,0 +1,59 @@
+"""The ``langgraph-art`` command line."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from langgraph_art.cli import app, is_loopback
+
+
+def test_loopback_detection() -> None:
+    assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost") and is_loopback("127.9.9.9")
+    assert not is_loopback("0.0.0.0") and not is_loopback("10.1.2.3") and not is_loopback("no-such-host.invalid")
+
+
+def test_serve_refuses_public_bind_without_key() -> None:
+    result = CliRunner().invoke(app, ["serve", "--host", "0.0.0.0"], env={"LANGGRAPH_ART_API_KEY": ""})
+    assert result.exit_code == 2
+    assert "--api-key" in result.output and "127.0.0.1" in result.output
+
+
+@pytest.mark.slow
+@pytest.mark.integration
+def test_serve_subprocess_answers_then_stops(tiny_path) -> None:  # noqa: ANN001
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "langgraph_art.cli", "serve", "--model", str(tiny_path),
+                             "--served-name", "tiny", "--port", str(port)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+            time.sleep(0.2)
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60)
+        assert response.status_code == 200
+        assert response.json()["usage"]["completion_tokens"] <= 4
+    finally:
+        proc.terminate()
+        code = proc.wait(timeout=30)
+    output = proc.stdout.read() if proc.stdout else ""
+    # uvicorn shuts down gracefully, then re-raises SIGTERM so the exit status tells how the process ended
+    assert code in (0, -15), output
+    assert "Application shutdown complete" in output

@@ -1,0 +1,45 @@
+"""`import langgraph_art` must stay light: no heavy framework may load as a side effect."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+HEAVY = ("torch", "transformers", "peft", "vllm", "fastapi", "langfuse", "uvicorn")
+
+
+def test_import_langgraph_art_loads_no_heavy_module() -> None:
+    code = (
+        "import json, sys, langgraph_art; "
+        f"print(json.dumps([m for m in {list(HEAVY)!r} if m in sys.modules]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_light_submodules_stay_light() -> None:
+    code = (
+        "import json, sys; import langgraph_art.errors, langgraph_art.serve.engines.base, "
+        "langgraph_art.serve.protocol, langgraph_art.cli, langgraph_art.models.loading; "
+        f"print(json.dumps([m for m in {list(HEAVY)!r} if m in sys.modules]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+def test_lazy_names_resolve() -> None:
+    code = "import langgraph_art as a; print(a.tiny_model.__name__, a.EmbeddedServer.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["tiny_model", "EmbeddedServer"]
+
+
+def test_unknown_attribute_is_a_clear_error() -> None:
+    import langgraph_art
+
+    try:
+        langgraph_art.does_not_exist  # noqa: B018
+    except AttributeError as exc:
+        assert "does_not_exist" in str(exc)
+    else:  # pragma: no cover
+        raise AssertionError("expected AttributeError")
