@@ -9,8 +9,11 @@ from typing import Annotated
 
 import typer
 
-app = typer.Typer(help="langgraph-art: reinforcement learning for LangGraph agents.", no_args_is_help=True,
-                  add_completion=False)  # fmt: skip
+app = typer.Typer(
+    help="langgraph-art: reinforcement learning for LangGraph agents.",
+    no_args_is_help=True,
+    add_completion=False,
+)
 
 
 def is_loopback(host: str) -> bool:
@@ -31,8 +34,9 @@ def serve(
     model: Annotated[str, typer.Option(help="'tiny', 'tiny-5m', a Hugging Face hub id, or a local folder")] = "tiny",
     host: Annotated[str, typer.Option(help="interface to bind")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port")] = 8000,
-    api_key: Annotated[str | None, typer.Option(envvar="LANGGRAPH_ART_API_KEY",
-                                                help="require 'Authorization: Bearer KEY'")] = None,  # fmt: skip
+    api_key: Annotated[
+        str | None, typer.Option(envvar="LANGGRAPH_ART_API_KEY", help="require 'Authorization: Bearer KEY'")
+    ] = None,
     served_name: Annotated[str | None, typer.Option(help="model name clients use (default: --model)")] = None,
     device: Annotated[str | None, typer.Option(help="'cpu', 'cuda', 'cuda:1' (default: cuda if present)")] = None,
     max_batch_size: Annotated[int, typer.Option(help="rows (requests x n) decoded together")] = 64,
@@ -61,6 +65,7 @@ def demo(
 ) -> None:
     """Start the embedded service on the tiny model and talk to it through LangChain's ChatOpenAI."""
     from langchain_openai import ChatOpenAI
+    from pydantic import SecretStr
 
     from langgraph_art.serve.embedded import start_embedded_server
 
@@ -68,13 +73,21 @@ def demo(
     typer.echo(f"Building/loading {model!r} and starting the embedded service...")
     server = start_embedded_server(model)
     try:
-        llm = ChatOpenAI(base_url=server.base_url, api_key="unused", model=model, logprobs=True,
-                         max_completion_tokens=24, temperature=1.0, use_responses_api=False)  # fmt: skip
+        llm = ChatOpenAI(
+            base_url=server.base_url,
+            api_key=SecretStr("unused"),
+            model=model,
+            logprobs=True,
+            max_completion_tokens=24,
+            temperature=1.0,
+            use_responses_api=False,
+        )
         reply = llm.invoke("Hello! What is the weather in Paris?")
         entries = reply.response_metadata["logprobs"]["content"]
         typer.echo(f"service: {server.base_url}")
-        typer.echo(f"reply ({len(entries)} tokens, finish={reply.response_metadata.get('finish_reason')}): "
-                   f"{reply.content!r}")  # fmt: skip
+        typer.echo(
+            f"reply ({len(entries)} tokens, finish={reply.response_metadata.get('finish_reason')}): {reply.content!r}"
+        )
         typer.echo(f"{'token_id':>8}  {'logprob':>9}  token")
         for entry in entries[:12]:
             typer.echo(f"{entry['token_id']:>8}  {entry['logprob']:>9.4f}  {entry['token']!r}")

@@ -9,10 +9,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-from collections.abc import Iterator  # noqa: E402
-from pathlib import Path  # noqa: E402
+from collections.abc import Iterator
+from pathlib import Path
 
-import pytest  # noqa: E402
+import pytest
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -47,7 +47,7 @@ def tiny_path() -> Path:
 
 
 @pytest.fixture(scope="session")
-def tokenizer(tiny_path: Path):  # noqa: ANN201
+def tokenizer(tiny_path: Path):
     from langgraph_art.models.loading import load_tokenizer
 
     return load_tokenizer(str(tiny_path))

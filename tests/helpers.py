@@ -14,7 +14,11 @@ WEATHER_TOOL: dict[str, Any] = {
         "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
     },
 }
-WEATHER_PROMPTS = ["What is the weather in Paris?", "Weather in Paris please", "Is it raining in Paris today?"]
+WEATHER_PROMPTS = [
+    "What is the weather in Paris?",
+    "Weather in Paris please",
+    "Is it raining in Paris today?",
+]
 WEATHER_CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
 
 
@@ -28,10 +32,14 @@ def train_tool_call_adapter(model_path: Path, out: Path, max_steps: int = 200, s
     tok = AutoTokenizer.from_pretrained(model_path)
     model = AutoModelForCausalLM.from_pretrained(model_path)
     peft_model = get_peft_model(
-        model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
-                                                              "gate_proj", "up_proj", "down_proj"])  # fmt: skip
+        model,
+        LoraConfig(
+            r=8,
+            lora_alpha=16,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        ),
     )
-    target = tok.encode(WEATHER_CALL) + [tok.convert_tokens_to_ids("<|im_end|>")]
+    target = [*tok.encode(WEATHER_CALL), tok.convert_tokens_to_ids("<|im_end|>")]
     batch = []
     for prompt in WEATHER_PROMPTS:
         messages = [{"role": "user", "content": prompt}]

@@ -28,14 +28,29 @@ def test_serve_refuses_public_bind_without_key() -> None:
 
 @pytest.mark.slow
 @pytest.mark.integration
-def test_serve_subprocess_answers_then_stops(tiny_path) -> None:  # noqa: ANN001
+def test_serve_subprocess_answers_then_stops(tiny_path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "langgraph_art.cli", "serve", "--model", str(tiny_path),
-                             "--served-name", "tiny", "--port", str(port)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "langgraph_art.cli",
+            "serve",
+            "--model",
+            str(tiny_path),
+            "--served-name",
+            "tiny",
+            "--port",
+            str(port),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:

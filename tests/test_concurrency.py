@@ -10,10 +10,16 @@ import pytest
 pytestmark = pytest.mark.integration
 
 
-async def test_64_concurrent_requests_all_answered_correctly(server, tokenizer) -> None:  # noqa: ANN001
+async def test_64_concurrent_requests_all_answered_correctly(server, tokenizer) -> None:
     async def one(client: httpx.AsyncClient, i: int) -> dict:
-        body = {"model": "tiny", "messages": [{"role": "user", "content": f"request number {i}"}],
-                "max_tokens": 8 + i % 9, "logprobs": True, "seed": i, "n": 1 + i % 2}  # fmt: skip
+        body = {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": f"request number {i}"}],
+            "max_tokens": 8 + i % 9,
+            "logprobs": True,
+            "seed": i,
+            "n": 1 + i % 2,
+        }
         response = await client.post(f"{server.base_url}/chat/completions", json=body)
         assert response.status_code == 200, response.text
         return {"i": i, "body": response.json(), "call": response.headers["x-langgraph-art-call-id"]}

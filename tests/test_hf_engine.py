@@ -30,8 +30,11 @@ async def engine(tiny_path: Path) -> AsyncIterator[HFEngine]:
 
 
 def prompt(engine: HFEngine, text: str = "hello there", tools: list | None = None) -> list[int]:
-    return list(engine.tokenizer.apply_chat_template([{"role": "user", "content": text}], tools=tools,
-                                                     add_generation_prompt=True, return_dict=False))  # fmt: skip
+    return list(
+        engine.tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], tools=tools, add_generation_prompt=True, return_dict=False
+        )
+    )
 
 
 def reference_logprobs(engine: HFEngine, prompt_ids: list[int], ids: list[int], temperature: float) -> list[float]:
@@ -68,8 +71,9 @@ async def test_max_tokens_gives_length_and_eos_gives_stop(engine: HFEngine, tool
     assert result.samples[0].finish_reason == "length" and len(result.samples[0].token_ids) == 5
     await engine.load_adapter("weather@1", str(tool_adapter))
     tool_prompt = prompt(engine, WEATHER_PROMPTS[0], [WEATHER_TOOL])
-    done = await engine.generate(GenerationRequest(tool_prompt, SamplingParams(temperature=0, max_tokens=64),
-                                                   adapter="weather@1"))  # fmt: skip
+    done = await engine.generate(
+        GenerationRequest(tool_prompt, SamplingParams(temperature=0, max_tokens=64), adapter="weather@1")
+    )
     sample = done.samples[0]
     assert sample.finish_reason == "stop"
     assert sample.token_ids[-1] == engine.tokenizer.convert_tokens_to_ids("<|im_end|>")  # EOS is kept in ids
@@ -106,7 +110,7 @@ async def test_adapter_changes_outputs_and_unloads(engine: HFEngine, tool_adapte
 
 
 async def test_bad_adapter_folders_are_refused(engine: HFEngine, tmp_path: Path, tool_adapter: Path) -> None:
-    with pytest.raises(AdapterError, match="no adapter_config.json"):
+    with pytest.raises(AdapterError, match=r"no adapter_config\.json"):
         await engine.load_adapter("x@1", str(tmp_path))
     with pytest.raises(AdapterError, match="step number"):
         await engine.load_adapter("x@latest", str(tool_adapter))

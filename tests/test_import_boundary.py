@@ -10,10 +10,7 @@ HEAVY = ("torch", "transformers", "peft", "vllm", "fastapi", "langfuse", "uvicor
 
 
 def test_import_langgraph_art_loads_no_heavy_module() -> None:
-    code = (
-        "import json, sys, langgraph_art; "
-        f"print(json.dumps([m for m in {list(HEAVY)!r} if m in sys.modules]))"
-    )
+    code = f"import json, sys, langgraph_art; print(json.dumps([m for m in {list(HEAVY)!r} if m in sys.modules]))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 
 import pytest
 
@@ -44,8 +45,10 @@ def test_top_p_only_on_its_rows() -> None:
 def test_sampling_seeded_rows_reproduce_and_greedy_is_argmax() -> None:
     logprobs = torch.log_softmax(torch.randn(3, 50, generator=torch.Generator().manual_seed(0)), dim=-1)
     greedy = torch.tensor([False, False, True])
-    draw = lambda: sample_tokens(logprobs, greedy, [torch.Generator().manual_seed(7), None, None],  # noqa: E731
-                                 torch.Generator().manual_seed(1))  # fmt: skip
+
+    def draw() -> torch.Tensor:
+        return sample_tokens(logprobs, greedy, [random.Random(7), None, None], torch.Generator().manual_seed(1))
+
     first, second = draw(), draw()
     assert first[0] == second[0]
     assert first[2] == logprobs[2].argmax()
@@ -53,9 +56,23 @@ def test_sampling_seeded_rows_reproduce_and_greedy_is_argmax() -> None:
 
 def test_sampling_follows_the_distribution() -> None:
     logprobs = torch.tensor([[math.log(0.8), math.log(0.2)]]).repeat(4000, 1)
-    tokens = sample_tokens(logprobs, torch.zeros(4000, dtype=torch.bool), [None] * 4000,
-                           torch.Generator().manual_seed(0))  # fmt: skip
+    tokens = sample_tokens(
+        logprobs, torch.zeros(4000, dtype=torch.bool), [None] * 4000, torch.Generator().manual_seed(0)
+    )
     assert tokens.float().mean().item() == pytest.approx(0.2, abs=0.03)
+
+
+def test_sampling_never_picks_a_masked_token() -> None:
+    logprobs = process_logits(
+        torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log().repeat(2000, 1),
+        torch.ones(2000),
+        torch.full((2000,), 0.8),
+    )
+    tokens = sample_tokens(
+        logprobs, torch.zeros(2000, dtype=torch.bool), [None] * 2000, torch.Generator().manual_seed(0)
+    )
+    assert set(tokens.tolist()) == {0, 1}
+    assert (tokens == 1).float().mean().item() == pytest.approx(0.375, abs=0.04)
 
 
 def test_top_logprobs_sorted() -> None:

@@ -34,25 +34,49 @@ CASES = [
     ("prompt over context", with_(messages=[{"role": "user", "content": "a b " * 3000}]), 400, "messages"),
     ("max_tokens over context", with_(max_tokens=5000), 400, "max_tokens"),
     ("tool without function", with_(tools=[{"type": "function"}]), 400, "tools[0].function"),
-    ("tool with bad name", with_(tools=[{"type": "function", "function": {"name": "no spaces!"}}]), 400,
-     "tools[0].function.name"),
-    ("tool schema not object", with_(tools=[{"type": "function", "function": {"name": "f", "parameters":
-     {"type": "array"}}}]), 400, "tools[0].function.parameters"),
-    ("tool_choice names a missing tool", with_(tools=[TOOL], tool_choice={"type": "function",
-     "function": {"name": "g"}}), 400, "tool_choice"),
-    ("system message not first", with_(messages=[{"role": "user", "content": "a"},
-     {"role": "system", "content": "b"}]), 400, "messages"),
-    ("tool message without content", with_(messages=[{"role": "tool", "tool_call_id": "x"}]), 400,
-     "messages[0].content"),
-    ("image content", with_(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), 400,
-     "messages[0].content[0]"),
+    (
+        "tool with bad name",
+        with_(tools=[{"type": "function", "function": {"name": "no spaces!"}}]),
+        400,
+        "tools[0].function.name",
+    ),
+    (
+        "tool schema not object",
+        with_(tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}]),
+        400,
+        "tools[0].function.parameters",
+    ),
+    (
+        "tool_choice names a missing tool",
+        with_(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "g"}}),
+        400,
+        "tool_choice",
+    ),
+    (
+        "system message not first",
+        with_(messages=[{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]),
+        400,
+        "messages",
+    ),
+    (
+        "tool message without content",
+        with_(messages=[{"role": "tool", "tool_call_id": "x"}]),
+        400,
+        "messages[0].content",
+    ),
+    (
+        "image content",
+        with_(messages=[{"role": "user", "content": [{"type": "image_url"}]}]),
+        400,
+        "messages[0].content[0]",
+    ),
     ("penalty", with_(presence_penalty=1.0), 400, "presence_penalty"),
     ("json response_format", with_(response_format={"type": "json_object"}), 400, "response_format"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("name", "body", "status", "param"), CASES, ids=[c[0] for c in CASES])
-def test_bad_request_names_the_problem(server, name: str, body: dict, status: int, param: str) -> None:  # noqa: ANN001
+def test_bad_request_names_the_problem(server, name: str, body: dict, status: int, param: str) -> None:
     response = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=30)
     assert response.status_code == status, response.text
     error = response.json()["error"]
@@ -62,14 +86,15 @@ def test_bad_request_names_the_problem(server, name: str, body: dict, status: in
 
 
 @pytest.mark.parametrize("raw", [b"{not json", b"", b"[1, 2]", b'{"model": "tiny", "messages": "hi"}'])
-def test_malformed_bodies_are_400(server, raw: bytes) -> None:  # noqa: ANN001
-    response = httpx.post(f"{server.base_url}/chat/completions", content=raw,
-                          headers={"content-type": "application/json"})  # fmt: skip
+def test_malformed_bodies_are_400(server, raw: bytes) -> None:
+    response = httpx.post(
+        f"{server.base_url}/chat/completions", content=raw, headers={"content-type": "application/json"}
+    )
     assert response.status_code == 400, response.text
     assert "error" in response.json()
 
 
-def test_api_key_is_required_when_set(tiny_path) -> None:  # noqa: ANN001
+def test_api_key_is_required_when_set(tiny_path) -> None:
     from langgraph_art.serve.embedded import EmbeddedServer
 
     with EmbeddedServer(str(tiny_path), served_name="tiny", api_key="s3cret") as keyed:
@@ -100,14 +125,17 @@ class SlowEngine:
         return getattr(self.inner, name)
 
 
-async def test_503_while_loading_then_serves(tiny_path) -> None:  # noqa: ANN001
+async def test_503_while_loading_then_serves(tiny_path) -> None:
     from langgraph_art.serve.app import create_app
     from langgraph_art.serve.engines.hf import HFEngine
 
     engine = SlowEngine(HFEngine(str(tiny_path), served_name="tiny"))
     app = create_app(engine)  # type: ignore[arg-type]
     transport = httpx.ASGITransport(app=app)
-    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://t") as c,
+    ):
         loading = await c.post("/v1/chat/completions", json=GOOD)
         assert loading.status_code == 503 and loading.headers["retry-after"]
         assert (await c.get("/health")).json() == {"status": "loading"}
@@ -119,13 +147,16 @@ async def test_503_while_loading_then_serves(tiny_path) -> None:  # noqa: ANN001
         assert (await c.post("/v1/chat/completions", json=GOOD)).status_code == 200
 
 
-async def test_load_failure_is_reported_not_hung(tmp_path) -> None:  # noqa: ANN001
+async def test_load_failure_is_reported_not_hung(tmp_path) -> None:
     from langgraph_art.serve.app import create_app
     from langgraph_art.serve.engines.hf import HFEngine
 
     app = create_app(HFEngine(str(tmp_path / "missing" / "model")))
     transport = httpx.ASGITransport(app=app)
-    async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://t") as c,
+    ):
         for _ in range(100):
             health = await c.get("/health")
             if health.json()["status"] == "error":

@@ -16,21 +16,27 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def client(server):  # noqa: ANN001, ANN201
+def client(server):
     return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
 
 
-def assert_ids_decode_to_text(tokenizer, entries: list, text: str) -> None:  # noqa: ANN001
+def assert_ids_decode_to_text(tokenizer, entries: list, text: str) -> None:
     ids = [e.token_id if hasattr(e, "token_id") else e["token_id"] for e in entries]
     logprobs = [e.logprob if hasattr(e, "logprob") else e["logprob"] for e in entries]
     assert len(ids) == len(logprobs) > 0 and all(lp <= 0 for lp in logprobs)
     assert tokenizer.decode(ids, skip_special_tokens=True) == text
 
 
-def test_plain_chat_n2_every_token_has_id_and_logprob(client, tokenizer) -> None:  # noqa: ANN001
+def test_plain_chat_n2_every_token_has_id_and_logprob(client, tokenizer) -> None:
     raw = client.chat.completions.with_raw_response.create(
-        model="tiny", messages=[{"role": "system", "content": "Be nice."}, {"role": "user", "content": "hi"}],
-        max_tokens=12, n=2, logprobs=True, top_logprobs=3, seed=5)  # fmt: skip
+        model="tiny",
+        messages=[{"role": "system", "content": "Be nice."}, {"role": "user", "content": "hi"}],
+        max_tokens=12,
+        n=2,
+        logprobs=True,
+        top_logprobs=3,
+        seed=5,
+    )
     assert len(raw.headers[CALL_ID_HEADER]) == 32
     response = raw.parse()
     assert response.id == f"chatcmpl-{raw.headers[CALL_ID_HEADER]}"
@@ -43,10 +49,15 @@ def test_plain_chat_n2_every_token_has_id_and_logprob(client, tokenizer) -> None
             assert bytes(entry.bytes).decode("utf-8", "replace") == entry.token
 
 
-def test_tool_call_through_adapter(client, tokenizer) -> None:  # noqa: ANN001
+def test_tool_call_through_adapter(client, tokenizer) -> None:
     response = client.chat.completions.create(
-        model="weather@1", messages=[{"role": "user", "content": WEATHER_PROMPTS[0]}], tools=[WEATHER_TOOL],
-        temperature=0, max_completion_tokens=64, logprobs=True)  # fmt: skip
+        model="weather@1",
+        messages=[{"role": "user", "content": WEATHER_PROMPTS[0]}],
+        tools=[WEATHER_TOOL],
+        temperature=0,
+        max_completion_tokens=64,
+        logprobs=True,
+    )
     choice = response.choices[0]
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content is None
@@ -56,25 +67,41 @@ def test_tool_call_through_adapter(client, tokenizer) -> None:  # noqa: ANN001
     assert ids[-1] == tokenizer.convert_tokens_to_ids("<|im_end|>")
 
 
-def test_model_without_step_routes_to_latest_adapter(client) -> None:  # noqa: ANN001
+def test_model_without_step_routes_to_latest_adapter(client) -> None:
     response = client.chat.completions.create(
-        model="weather", messages=[{"role": "user", "content": WEATHER_PROMPTS[0]}], tools=[WEATHER_TOOL],
-        temperature=0, max_tokens=64)  # fmt: skip
+        model="weather",
+        messages=[{"role": "user", "content": WEATHER_PROMPTS[0]}],
+        tools=[WEATHER_TOOL],
+        temperature=0,
+        max_tokens=64,
+    )
     assert response.choices[0].finish_reason == "tool_calls"
 
 
-def test_tool_choice_none_leaves_text_unparsed(client) -> None:  # noqa: ANN001
+def test_tool_choice_none_leaves_text_unparsed(client) -> None:
     response = client.chat.completions.create(
-        model="weather@1", messages=[{"role": "user", "content": WEATHER_PROMPTS[0]}], tools=[WEATHER_TOOL],
-        tool_choice="none", temperature=0, max_tokens=64)  # fmt: skip
+        model="weather@1",
+        messages=[{"role": "user", "content": WEATHER_PROMPTS[0]}],
+        tools=[WEATHER_TOOL],
+        tool_choice="none",
+        temperature=0,
+        max_tokens=64,
+    )
     assert response.choices[0].finish_reason == "stop"
     assert response.choices[0].message.content.startswith("<tool_call>")
 
 
-def test_streaming_text_logprobs_and_usage(client, tokenizer) -> None:  # noqa: ANN001
+def test_streaming_text_logprobs_and_usage(client, tokenizer) -> None:
     stream = client.chat.completions.create(
-        model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=10, n=2, logprobs=True,
-        stream=True, stream_options={"include_usage": True}, seed=1)  # fmt: skip
+        model="tiny",
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=10,
+        n=2,
+        logprobs=True,
+        stream=True,
+        stream_options={"include_usage": True},
+        seed=1,
+    )
     text, entries, finish, usage = {0: "", 1: ""}, {0: [], 1: []}, {}, None
     for chunk in stream:
         if chunk.usage:
@@ -91,10 +118,15 @@ def test_streaming_text_logprobs_and_usage(client, tokenizer) -> None:  # noqa: 
         assert_ids_decode_to_text(tokenizer, entries[i], text[i])
 
 
-def test_streaming_tool_call_deltas(client) -> None:  # noqa: ANN001
+def test_streaming_tool_call_deltas(client) -> None:
     stream = client.chat.completions.create(
-        model="weather@1", messages=[{"role": "user", "content": WEATHER_PROMPTS[0]}], tools=[WEATHER_TOOL],
-        temperature=0, max_tokens=64, stream=True)  # fmt: skip
+        model="weather@1",
+        messages=[{"role": "user", "content": WEATHER_PROMPTS[0]}],
+        tools=[WEATHER_TOOL],
+        temperature=0,
+        max_tokens=64,
+        stream=True,
+    )
     content, calls, finish = "", [], None
     for chunk in stream:
         for choice in chunk.choices:
@@ -106,12 +138,19 @@ def test_streaming_tool_call_deltas(client) -> None:  # noqa: ANN001
     assert json.loads(calls[0].function.arguments) == {"city": "Paris"}
 
 
-def test_langchain_chatopenai_invoke_stream_n_and_tools(server, tokenizer) -> None:  # noqa: ANN001
+def test_langchain_chatopenai_invoke_stream_n_and_tools(server, tokenizer) -> None:
     from langchain_core.messages import HumanMessage
     from langchain_openai import ChatOpenAI
 
-    llm = ChatOpenAI(base_url=server.base_url, api_key="unused", model="tiny", logprobs=True, max_tokens=10,
-                     use_responses_api=False, max_retries=0)  # fmt: skip
+    llm = ChatOpenAI(
+        base_url=server.base_url,
+        api_key="unused",
+        model="tiny",
+        logprobs=True,
+        max_tokens=10,
+        use_responses_api=False,
+        max_retries=0,
+    )
     reply = llm.invoke("hello")
     entries = reply.response_metadata["logprobs"]["content"]
     assert all("token_id" in e for e in entries)  # survives langchain-openai
@@ -121,17 +160,24 @@ def test_langchain_chatopenai_invoke_stream_n_and_tools(server, tokenizer) -> No
     streamed = sum(chunks[1:], chunks[0])
     assert_ids_decode_to_text(tokenizer, streamed.response_metadata["logprobs"]["content"], streamed.content)
 
-    result = ChatOpenAI(base_url=server.base_url, api_key="unused", model="tiny", n=3, max_tokens=5,
-                        use_responses_api=False).generate([[HumanMessage("hi")]])  # fmt: skip
+    result = ChatOpenAI(
+        base_url=server.base_url, api_key="unused", model="tiny", n=3, max_tokens=5, use_responses_api=False
+    ).generate([[HumanMessage("hi")]])
     assert len(result.generations[0]) == 3
 
-    tool_llm = ChatOpenAI(base_url=server.base_url, api_key="unused", model="weather@1", temperature=0,
-                          max_tokens=64, use_responses_api=False).bind_tools([WEATHER_TOOL])  # fmt: skip
+    tool_llm = ChatOpenAI(
+        base_url=server.base_url,
+        api_key="unused",
+        model="weather@1",
+        temperature=0,
+        max_tokens=64,
+        use_responses_api=False,
+    ).bind_tools([WEATHER_TOOL])
     message = tool_llm.invoke(WEATHER_PROMPTS[0])
     assert message.tool_calls[0]["name"] == "get_weather" and message.tool_calls[0]["args"] == {"city": "Paris"}
 
 
-def test_models_and_adapters_listing(server) -> None:  # noqa: ANN001
+def test_models_and_adapters_listing(server) -> None:
     models = httpx.get(f"{server.base_url}/models").json()["data"]
     ids = [m["id"] for m in models]
     assert ids[0] == "tiny" and "weather@1" in ids
@@ -140,7 +186,7 @@ def test_models_and_adapters_listing(server) -> None:  # noqa: ANN001
     assert health["status"] == "ok" and "weather@1" in health["adapters"]
 
 
-def test_adapter_load_unload_over_http(server, tool_adapter) -> None:  # noqa: ANN001
+def test_adapter_load_unload_over_http(server, tool_adapter) -> None:
     url = f"{server.base_url}/adapters"
     assert httpx.post(url, json={"name": "tmp@7", "path": str(tool_adapter)}).status_code == 200
     body = {"model": "tmp@7", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}

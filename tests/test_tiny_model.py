@@ -61,11 +61,16 @@ def test_missing_local_folder_is_a_clear_error(tmp_path: Path) -> None:
         load_causal_lm(str(tmp_path / "nope" / "model"))
 
 
-def test_reloaded_tokenizer_encodes_like_the_trained_one(tiny_path: Path, tokenizer) -> None:  # noqa: ANN001
+def test_reloaded_tokenizer_encodes_like_the_trained_one(tiny_path: Path, tokenizer) -> None:
     from tokenizers import Tokenizer
 
     raw = Tokenizer.from_file(str(tiny_path / "tokenizer.json"))
-    samples = ["12345 and 67", "Hello wörld!", '<tool_call>{"name": "x", "arguments": {}}</tool_call>', "  two  spaces\n\nx"]
+    samples = [
+        "12345 and 67",
+        "Hello wörld!",
+        '<tool_call>{"name": "x", "arguments": {}}</tool_call>',
+        "  two  spaces\n\nx",
+    ]
     for text in samples:
         assert tokenizer.encode(text) == raw.encode(text).ids, text
         assert tokenizer.decode(tokenizer.encode(text)) == text
@@ -75,26 +80,32 @@ def test_reloaded_tokenizer_encodes_like_the_trained_one(tiny_path: Path, tokeni
     assert tokenizer.decode(tokenizer.encode("<|im_end|>"), skip_special_tokens=True) == ""
 
 
-def test_chat_template_renders_tools_calls_and_results(tokenizer) -> None:  # noqa: ANN001
+def test_chat_template_renders_tools_calls_and_results(tokenizer) -> None:
     tools = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object", "properties": {}}}}]
     messages = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "2+2?"},
-        {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": '{"x": "2+2"}'}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "calc", "arguments": '{"x": "2+2"}'}}],
+        },
         {"role": "tool", "tool_call_id": "c1", "content": "4"},
         {"role": "tool", "tool_call_id": "c2", "content": "5"},
-    ]  # fmt: skip
+    ]
     text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
     assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools\n<tools>\n")
     assert '<tool_call>{"name": "calc", "arguments": {"x": "2+2"}}</tool_call><|im_end|>' in text
     assert "<|im_start|>user\n<tool_response>4</tool_response>\n<tool_response>5</tool_response><|im_end|>" in text
     assert text.endswith("<|im_start|>assistant\n")
     # the package's own renderer (used for the corpus) matches transformers' rendering
-    assert render_chat({"messages": messages, "tools": tools}, compile_chat_template()) + "<|im_start|>assistant\n" == text
+    assert (
+        render_chat({"messages": messages, "tools": tools}, compile_chat_template()) + "<|im_start|>assistant\n" == text
+    )
 
 
-def test_chat_template_refuses_misplaced_system(tokenizer) -> None:  # noqa: ANN001
+def test_chat_template_refuses_misplaced_system(tokenizer) -> None:
     with pytest.raises(Exception, match="system message is only allowed first"):
-        tokenizer.apply_chat_template([{"role": "user", "content": "a"}, {"role": "system", "content": "b"}],
-                                      tokenize=False)  # fmt: skip
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}], tokenize=False
+        )

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-TINY_ALIASES = {
+TINY_ALIASES: dict[str, dict[str, Any]] = {
     "tiny": {},
     "tiny-5m": {"hidden_size": 256, "num_layers": 6},
 }
@@ -53,7 +53,8 @@ def load_causal_lm(model: str, *, device: str | None = None, dtype: Any = None) 
     device = pick_device(device)
     if dtype is None:
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    lm = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+    lm: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    lm = lm.to(device)
     lm.eval()
     return lm, load_tokenizer(path)
 

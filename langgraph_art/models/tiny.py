@@ -34,15 +34,16 @@ QWEN2_SPLIT_REGEX = (
 _WORDS = (
     "the a an of to in on for with and or but not is are was be have has do does what which who when where "
     "why how this that these those it you we they he she i me my your our their please thanks hello hi yes no "
-    "find search look get give show tell make call use answer question result results number numbers word words "
-    "city weather today tomorrow time date email emails inbox send read write file files name names list item "
-    "items value values count total sum add subtract multiply divide price cost order orders user users data "
-    "tool tools function query text good bad best first last next previous more less many few all some any "
-    "each every other new old small large long short high low here there now then again done ok sure sorry "
-    "can could would should will may might must need want know think see say ask try help work run stop start "
-    "agent model graph node state step plan check verify report summary note notes title subject meeting "
-    "project task tasks issue bug fix code test tests error errors reward score good great paris london tokyo "
-    "berlin rome madrid alice bob carol dave erin frank monday tuesday friday sunday january march july"
+    "find search look get give show tell make call use answer question result results number numbers word "
+    "words city weather today tomorrow time date email emails inbox send read write file files name names "
+    "list item items value values count total sum add subtract multiply divide price cost order orders user "
+    "users data tool tools function query text good bad best first last next previous more less many few all "
+    "some any each every other new old small large long short high low here there now then again done ok sure "
+    "sorry can could would should will may might must need want know think see say ask try help work run stop "
+    "start agent model graph node state step plan check verify report summary note notes title subject "
+    "meeting project task tasks issue bug fix code test tests error errors reward score good great paris "
+    "london tokyo berlin rome madrid alice bob carol dave erin frank monday tuesday friday sunday january "
+    "march july"
 ).split()
 _TOOLS = [
     ("search", "Search the knowledge base", {"query": "string"}),
@@ -141,9 +142,7 @@ def render_chat(conversation: dict[str, Any], compiled: Any = None) -> str:
     """Render one conversation (``messages`` and optional ``tools``) to ChatML text."""
     compiled = compiled or compile_chat_template()
     return str(
-        compiled.render(
-            messages=conversation["messages"], tools=conversation.get("tools"), add_generation_prompt=False
-        )
+        compiled.render(messages=conversation["messages"], tools=conversation.get("tools"), add_generation_prompt=False)
     )
 
 
@@ -214,7 +213,16 @@ def tiny_model(
 
 
 def _train_tokenizer(recipe: dict, texts: list[str]) -> Any:
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import (
+        AddedToken,
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        normalizers,
+        pre_tokenizers,
+        trainers,
+    )
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.normalizer = normalizers.NFC()
@@ -263,12 +271,12 @@ def _build(recipe: dict, folder: Path) -> None:
         num_hidden_layers=recipe["num_hidden_layers"],
         num_attention_heads=recipe["num_attention_heads"],
         num_key_value_heads=recipe["num_key_value_heads"],
-        head_dim=recipe["hidden_size"] // recipe["num_attention_heads"],
+        head_dim=recipe["hidden_size"] // recipe["num_attention_heads"],  # type: ignore[call-arg]
         max_position_embeddings=recipe["max_position_embeddings"],
         tie_word_embeddings=True,
         bos_token_id=None,
-        eos_token_id=fast.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=fast.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=int(fast.convert_tokens_to_ids("<|im_end|>")),  # type: ignore[arg-type]
+        pad_token_id=int(fast.convert_tokens_to_ids("<|endoftext|>")),  # type: ignore[arg-type]
         dtype="float32",
     )
     with torch.random.fork_rng(devices=[]):

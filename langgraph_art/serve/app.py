@@ -30,7 +30,6 @@ from langgraph_art.serve.chat import (
     TokenText,
     assistant_message,
     logprob_content,
-    parse_tool_calls,
     render_prompt,
 )
 from langgraph_art.serve.engines.base import Engine, FinishedEvent, GenerationRequest, GenerationResult
@@ -53,7 +52,7 @@ def create_app(engine: Engine, *, api_key: str | None = None) -> FastAPI:
         try:
             await engine.start()
             state["token_text"] = TokenText(engine.tokenizer)
-        except Exception as exc:  # noqa: BLE001 - reported by /health and every 503, and logged
+        except Exception as exc:
             log.exception("the engine failed to load")
             state["error"] = f"{type(exc).__name__}: {exc}"
 
@@ -74,14 +73,14 @@ def create_app(engine: Engine, *, api_key: str | None = None) -> FastAPI:
             raise EngineNotReadyError(f"the engine failed to load: {state['error']}")
         if state["token_text"] is None:
             raise EngineNotReadyError("the model is still loading; retry in a few seconds")
-        return state["token_text"]  # type: ignore[no-any-return]
+        return state["token_text"]
 
     @app.middleware("http")
     async def check_key(request: Request, call_next: Any) -> Any:
-        if api_key and request.url.path.startswith("/v1"):
-            if request.headers.get("authorization", "") != f"Bearer {api_key}":
-                return JSONResponse(error_body("missing or wrong API key: send 'Authorization: Bearer <key>'",
-                                               "authentication_error", code="invalid_api_key"), 401)  # fmt: skip
+        path, sent = request.url.path, request.headers.get("authorization", "")
+        if api_key and path.startswith("/v1") and sent != f"Bearer {api_key}":
+            message = "missing or wrong API key: send 'Authorization: Bearer <key>'"
+            return JSONResponse(error_body(message, "authentication_error", code="invalid_api_key"), 401)
         return await call_next(request)
 
     _install_error_handlers(app)
@@ -98,11 +97,28 @@ def create_app(engine: Engine, *, api_key: str | None = None) -> FastAPI:
     async def models() -> dict[str, Any]:
         ready()
         created = int(time.time())
-        data = [{"id": engine.base_model, "object": "model", "created": created, "owned_by": "langgraph-art",
-                 "root": engine.base_model, "parent": None, "max_model_len": engine.max_model_len}]  # fmt: skip
+        data = [
+            {
+                "id": engine.base_model,
+                "object": "model",
+                "created": created,
+                "owned_by": "langgraph-art",
+                "root": engine.base_model,
+                "parent": None,
+                "max_model_len": engine.max_model_len,
+            }
+        ]
         for name, path in sorted(engine.adapters().items()):
-            data.append({"id": name, "object": "model", "created": created, "owned_by": "langgraph-art",
-                         "root": path, "parent": engine.base_model})  # fmt: skip
+            data.append(
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "langgraph-art",
+                    "root": path,
+                    "parent": engine.base_model,
+                }
+            )
         return {"object": "list", "data": data}
 
     @app.get("/v1/adapters")
@@ -137,8 +153,11 @@ def create_app(engine: Engine, *, api_key: str | None = None) -> FastAPI:
         if body.stream:
             events = engine.stream(request)
             first = await anext(aiter(events))  # errors before the first token still become proper 4xx/5xx
-            return StreamingResponse(_sse(body, events, first, engine, token_text, call_id),
-                                     media_type="text/event-stream", headers=headers)  # fmt: skip
+            return StreamingResponse(
+                _sse(body, events, first, engine, token_text, call_id),
+                media_type="text/event-stream",
+                headers=headers,
+            )
         result = await engine.generate(request)
         return JSONResponse(_completion(body, result, token_text, call_id), headers=headers)
 
@@ -161,16 +180,22 @@ def resolve_adapter(engine: Engine, model: str) -> str | None:
     )
 
 
-def _completion(body: ChatCompletionRequest, result: GenerationResult, token_text: TokenText,
-                call_id: str) -> dict[str, Any]:  # fmt: skip
+def _completion(
+    body: ChatCompletionRequest, result: GenerationResult, token_text: TokenText, call_id: str
+) -> dict[str, Any]:
     choices = []
     for sample in result.samples:
         message, finish = assistant_message(sample, body.tools_enabled())
-        choice: dict[str, Any] = {"index": sample.index, "message": message, "finish_reason": finish,
-                                  "logprobs": None}  # fmt: skip
+        choice: dict[str, Any] = {
+            "index": sample.index,
+            "message": message,
+            "finish_reason": finish,
+            "logprobs": None,
+        }
         if body.logprobs:
-            choice["logprobs"] = {"content": logprob_content(sample.token_ids, sample.logprobs,
-                                                             sample.top_logprobs, token_text)}  # fmt: skip
+            choice["logprobs"] = {
+                "content": logprob_content(sample.token_ids, sample.logprobs, sample.top_logprobs, token_text)
+            }
         if body.return_token_ids:
             choice["token_ids"] = sample.token_ids
         choices.append(choice)
@@ -192,10 +217,21 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-async def _sse(body: ChatCompletionRequest, events: AsyncIterator[Any], first: Any, engine: Engine,
-               token_text: TokenText, call_id: str) -> AsyncIterator[str]:  # fmt: skip
+async def _sse(
+    body: ChatCompletionRequest,
+    events: AsyncIterator[Any],
+    first: Any,
+    engine: Engine,
+    token_text: TokenText,
+    call_id: str,
+) -> AsyncIterator[str]:
     created = int(time.time())
-    base = {"id": f"chatcmpl-{call_id}", "object": "chat.completion.chunk", "created": created, "model": body.model}
+    base = {
+        "id": f"chatcmpl-{call_id}",
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": body.model,
+    }
     tools = body.tools_enabled()
     texts = [StreamedText(engine.tokenizer, body.sampling_params().stop, tools) for _ in range(body.n)]
 
@@ -225,11 +261,12 @@ async def _sse(body: ChatCompletionRequest, events: AsyncIterator[Any], first: A
             delta = texts[event.index].push(event.token_id)
             logprobs = None
             if body.logprobs:
-                logprobs = {"content": logprob_content([event.token_id], [event.logprob],
-                                                       [event.top_logprobs], token_text)}  # fmt: skip
+                logprobs = {
+                    "content": logprob_content([event.token_id], [event.logprob], [event.top_logprobs], token_text)
+                }
             yield chunk(event.index, {"content": delta}, None, logprobs)
             event = await anext(events)
-    except Exception as exc:  # noqa: BLE001 - mid-stream failures are reported in-band, as OpenAI does
+    except Exception as exc:
         log.exception("streaming call %s failed", call_id)
         yield f"data: {json.dumps(error_body(str(exc), 'server_error'))}\n\n"
     yield "data: [DONE]\n\n"
@@ -241,8 +278,15 @@ def _install_error_handlers(app: FastAPI) -> None:
         first = exc.errors()[0] if exc.errors() else {}
         loc = [str(p) for p in first.get("loc", ()) if p != "body"]
         if first.get("type") == "json_invalid":
-            return JSONResponse(error_body(f"the request body is not valid JSON: {first.get('msg')}",
-                                           "invalid_request_error", None, "invalid_json"), 400)  # fmt: skip
+            return JSONResponse(
+                error_body(
+                    f"the request body is not valid JSON: {first.get('msg')}",
+                    "invalid_request_error",
+                    None,
+                    "invalid_json",
+                ),
+                400,
+            )
         param = _param_path(loc)
         message = f"{param or 'body'}: {first.get('msg', 'invalid value')}"
         return JSONResponse(error_body(message, "invalid_request_error", param, "invalid_value"), 400)
@@ -261,8 +305,9 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(EngineNotReadyError)
     async def not_ready(_: Request, exc: EngineNotReadyError) -> JSONResponse:
-        return JSONResponse(error_body(str(exc), "service_unavailable", None, "loading"), 503,
-                            headers={"retry-after": "2"})  # fmt: skip
+        return JSONResponse(
+            error_body(str(exc), "service_unavailable", None, "loading"), 503, headers={"retry-after": "2"}
+        )
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

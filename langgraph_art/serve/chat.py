@@ -24,9 +24,10 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], tools: list[di
         ids = tokenizer.apply_chat_template(
             messages, tools=tools or None, add_generation_prompt=True, tokenize=True, return_dict=False
         )
-    except Exception as exc:  # noqa: BLE001 - jinja errors (raise_exception in the template) become a 400
-        raise RequestError(f"the messages cannot be rendered with this model's chat template: {exc}",
-                           "messages") from exc  # fmt: skip
+    except Exception as exc:
+        raise RequestError(
+            f"the messages cannot be rendered with this model's chat template: {exc}", "messages"
+        ) from exc
     return [int(i) for i in ids]
 
 
@@ -76,12 +77,7 @@ class TokenText:
     def __init__(self, tokenizer: Any) -> None:
         self._tokenizer = tokenizer
         self._cache: dict[int, tuple[str, list[int]]] = {}
-        try:
-            from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
-
-            self._byte_of = {ch: b for b, ch in bytes_to_unicode().items()}
-        except ImportError:  # pragma: no cover - transformers always ships it
-            self._byte_of = {}
+        self._byte_of = {ch: b for b, ch in _byte_level_alphabet().items()}
         self._added = {int(i) for i in getattr(tokenizer, "added_tokens_decoder", {})}
 
     def __call__(self, token_id: int) -> tuple[str, list[int]]:
@@ -99,8 +95,24 @@ class TokenText:
         return text, list(text.encode())
 
 
-def logprob_content(sample_ids: Sequence[int], logprobs: Sequence[float],
-                    tops: Sequence[Sequence[tuple[int, float]]], token_text: TokenText) -> list[dict[str, Any]]:  # fmt: skip
+def _byte_level_alphabet() -> dict[int, str]:
+    """GPT-2's byte -> printable character map used by byte-level BPE vocabularies (Qwen, Llama 3, GPT-2)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    mapping = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+def logprob_content(
+    sample_ids: Sequence[int],
+    logprobs: Sequence[float],
+    tops: Sequence[Sequence[tuple[int, float]]],
+    token_text: TokenText,
+) -> list[dict[str, Any]]:
     """OpenAI ``logprobs.content`` entries, each also carrying ``token_id`` (kept by langchain-openai)."""
     entries = []
     for token_id, logprob, top in zip(sample_ids, logprobs, tops, strict=True):

@@ -18,8 +18,15 @@ class EmbeddedServer:
     closes the engine and joins the thread.
     """
 
-    def __init__(self, model: str | Any = "tiny", *, host: str = "127.0.0.1", port: int = 0,
-                 api_key: str | None = None, **engine_kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        model: str | Any = "tiny",
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        api_key: str | None = None,
+        **engine_kwargs: Any,
+    ) -> None:
         from langgraph_art.serve.app import create_app
 
         if isinstance(model, str):
@@ -42,12 +49,17 @@ class EmbeddedServer:
 
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # accepted connections inherit TCP_NODELAY; without it small responses wait ~40 ms for a delayed ACK
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.bind((self._host, self._port))
         self._port = sock.getsockname()[1]
         config = uvicorn.Config(self.app, log_level="warning", lifespan="on", timeout_keep_alive=30)
         self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve(sockets=[sock])),
-                                        name="langgraph-art-embedded-server", daemon=True)  # fmt: skip
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(self._server.serve(sockets=[sock])),
+            name="langgraph-art-embedded-server",
+            daemon=True,
+        )
         self._thread.start()
         self._wait_ready(timeout)
         return self

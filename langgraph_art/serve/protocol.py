@@ -52,8 +52,9 @@ class ChatMessage(_Lenient):
         parts = []
         for i, part in enumerate(self.content):
             if part.type != "text" or part.text is None:
-                raise RequestError(f"only text content parts are supported, got type {part.type!r}",
-                                   f"{where}.content[{i}]")  # fmt: skip
+                raise RequestError(
+                    f"only text content parts are supported, got type {part.type!r}", f"{where}.content[{i}]"
+                )
             parts.append(part.text)
         return "".join(parts)
 
@@ -121,8 +122,7 @@ class ChatCompletionRequest(_Lenient):
         """Refuse fields we cannot honour, naming the field (a 400, not a silent no-op)."""
         for name in ("presence_penalty", "frequency_penalty"):
             if getattr(self, name):
-                raise RequestError(f"{name} is not supported (it would change what the logprobs mean); omit it",
-                                   name)  # fmt: skip
+                raise RequestError(f"{name} is not supported (it would change what the logprobs mean); omit it", name)
         if self.logit_bias:
             raise RequestError("logit_bias is not supported; omit it", "logit_bias")
         if self.response_format and self.response_format.get("type") not in (None, "text"):

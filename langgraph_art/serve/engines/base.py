@@ -46,7 +46,8 @@ class SamplingParams:
             raise RequestError(f"n must be between 1 and {MAX_N}, got {self.n}", "n")
         if not (0 <= self.top_logprobs <= MAX_TOP_LOGPROBS):
             raise RequestError(
-                f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {self.top_logprobs}", "top_logprobs"
+                f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {self.top_logprobs}",
+                "top_logprobs",
             )
         if any(not s for s in self.stop):
             raise RequestError("stop strings must not be empty", "stop")

@@ -15,6 +15,7 @@ import inspect
 import itertools
 import json
 import logging
+import random
 import threading
 import uuid
 import warnings
@@ -66,7 +67,7 @@ class _Command:
 class _Row:
     job: _Job
     index: int
-    generator: torch.Generator | None
+    generator: random.Random | None
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)
@@ -253,7 +254,7 @@ class HFEngine:
                 continue
             try:
                 self._run_batch(work)
-            except Exception as exc:  # noqa: BLE001 - every job of the failed batch gets the error
+            except Exception as exc:
                 log.exception("batch of %d requests failed", len(work))
                 for job in work:
                     job.post(exc)
@@ -262,7 +263,8 @@ class HFEngine:
         """Called with the lock held: the next command, or the oldest job plus same-adapter jobs behind it."""
         head = self._queue[0]
         if isinstance(head, _Command):
-            return self._queue.popleft()
+            self._queue.popleft()
+            return head
         batch: list[_Job] = []
         rows = 0
         kept: collections.deque[_Job | _Command] = collections.deque()
@@ -305,9 +307,7 @@ class HFEngine:
             params = job.request.params
             job.samples = [None] * params.n
             for i in range(params.n):
-                gen = None
-                if params.seed is not None:
-                    gen = torch.Generator(device=device).manual_seed(params.seed + i)
+                gen = random.Random(params.seed + i) if params.seed is not None else None
                 rows.append(_Row(job=job, index=i, generator=gen))
         prompts = [r.job.request.prompt_token_ids for r in rows]
         width = max(len(p) for p in prompts)
@@ -322,8 +322,7 @@ class HFEngine:
         top_ps = torch.tensor([r.job.request.params.top_p for r in rows], device=device)
         want_top = max(r.job.request.params.top_logprobs for r in rows)
 
-        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                    logits_to_keep=1)  # fmt: skip
+        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
         cache = _cache_of(out)
         next_pos = positions[:, -1:] + 1  # [B, 1]
         active = list(range(len(rows)))  # indices into `rows` of the rows still in the batch
@@ -354,8 +353,13 @@ class HFEngine:
                 temps, top_ps = temps[index], top_ps[index]
                 active = [active[b] for b in keep]
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
-            out = model(input_ids=tokens.unsqueeze(-1), attention_mask=mask, position_ids=next_pos,
-                        use_cache=True, **{self._cache_kwarg: cache})  # fmt: skip
+            out = model(
+                input_ids=tokens.unsqueeze(-1),
+                attention_mask=mask,
+                position_ids=next_pos,
+                use_cache=True,
+                **{self._cache_kwarg: cache},
+            )
             cache = _cache_of(out)
             next_pos = next_pos + 1
 

@@ -7,6 +7,7 @@ row's temperature, top-p mask applied (masked tokens at -inf), then ``log_softma
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import torch
@@ -41,25 +42,25 @@ def _apply_top_p(logprobs: torch.Tensor, top_p: torch.Tensor, rows: torch.Tensor
 def sample_tokens(
     logprobs: torch.Tensor,
     greedy: torch.Tensor,
-    generators: list[torch.Generator | None],
+    generators: list[random.Random | None],
     default_generator: torch.Generator,
 ) -> torch.Tensor:
-    """One token per row. logprobs: [B, V]; greedy: [B] bool; generators: B entries (None = shared). -> [B] long.
+    """One token per row by inverse-CDF sampling. logprobs: [B, V]; greedy: [B] bool; generators: B entries.
 
-    Rows with their own generator (a request ``seed``) are sampled one by one so each is reproducible whatever
-    else is in the batch; the rest share one batched draw from ``default_generator``.
+    Each row needs one uniform number per step. Rows with their own ``random.Random`` (a request ``seed``) take it
+    from there, so they reproduce whatever else shares the batch; the others share one batched draw from
+    ``default_generator``. Then a single batched ``searchsorted`` on the cumulative probabilities picks the token
+    (u is in (0, total], so a token of probability zero is never picked).
     """
-    tokens = logprobs.argmax(dim=-1)  # [B]
-    probs = logprobs.exp()
-    shared = [i for i, g in enumerate(generators) if g is None and not bool(greedy[i])]
-    if shared:
-        index = torch.tensor(shared, device=logprobs.device)
-        drawn = torch.multinomial(probs[index], 1, generator=default_generator).squeeze(-1)
-        tokens[index] = drawn
+    probs = logprobs.exp()  # [B, V]
+    cdf = probs.cumsum(dim=-1)  # [B, V]
+    uniform = 1.0 - torch.rand(probs.shape[0], generator=default_generator, device=probs.device)  # [B] in (0, 1]
     for i, gen in enumerate(generators):
-        if gen is not None and not bool(greedy[i]):
-            tokens[i] = torch.multinomial(probs[i], 1, generator=gen)[0]
-    return tokens
+        if gen is not None:
+            uniform[i] = 1.0 - gen.random()
+    target = (uniform * cdf[:, -1]).unsqueeze(-1)  # [B, 1]
+    tokens = torch.searchsorted(cdf, target).squeeze(-1).clamp(max=probs.shape[-1] - 1)  # [B]
+    return torch.where(greedy, logprobs.argmax(dim=-1), tokens)
 
 
 def top_logprobs(logprobs: torch.Tensor, k: int) -> tuple[Any, Any]:

@@ -1,0 +1,1 @@
+"""Integrations with other tools (Langfuse, W&B, ...). They depend only on langgraph_art's public API."""
