@@ -1,6 +1,6 @@
 """Start the inference service inside this process and use it from LangChain, with exact token ids and logprobs.
 
-    OMP_NUM_THREADS=1 python examples/chat_with_embedded_service.py
+OMP_NUM_THREADS=1 python examples/chat_with_embedded_service.py
 """
 
 from __future__ import annotations
