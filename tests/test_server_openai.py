@@ -198,3 +198,24 @@ def test_adapter_load_unload_over_http(server, tool_adapter) -> None:
     assert missing.status_code == 404
     bad = httpx.post(url, json={"name": "tmp@8", "path": "/nonexistent"})
     assert bad.status_code == 400 and "adapter_config.json" in bad.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_http_logprobs_match_an_independent_forward_pass(client, tiny_path, tokenizer, temperature) -> None:
+    """The logprobs that reach the client equal log_softmax(logits / T) of a separately loaded model."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    messages = [{"role": "user", "content": "check my logprobs"}]
+    response = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=20, logprobs=True, temperature=temperature, seed=2, n=2
+    )
+    model = AutoModelForCausalLM.from_pretrained(tiny_path)
+    prompt = list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False))
+    for choice in response.choices:
+        ids = [e.token_id for e in choice.logprobs.content]
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1]
+        ref = torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(ids)[:, None])[:, 0]
+        got = torch.tensor([e.logprob for e in choice.logprobs.content])
+        assert (ref - got).abs().max().item() < 1e-4
