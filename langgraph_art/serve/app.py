@@ -204,7 +204,7 @@ def _completion(
         "id": f"chatcmpl-{call_id}",
         "object": "chat.completion",
         "created": int(time.time()),
-        "model": body.model,
+        "model": result.adapter or body.model,  # the adapter that answered: "agent" resolves to "agent@7"
         "choices": choices,
         "usage": _usage(len(result.prompt_token_ids), completion_tokens),
     }

@@ -1,0 +1,1 @@
+"""LangChain-facing capture: ChatART, the trajectory callback handler, rollouts. Never imports train/ or serve/."""

@@ -1,0 +1,209 @@
+"""``ChatART``: a drop-in LangChain chat model serving the current policy, built on langchain-openai's ChatOpenAI.
+
+It talks to the langgraph-art service (or any OpenAI-compatible server), always asks for logprobs and token ids,
+and records each of its calls in its ``recorder`` so that calls which callbacks never see are not lost.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.messages import BaseMessage
+from langchain_core.outputs import ChatGenerationChunk, ChatResult, LLMResult
+from langchain_openai import ChatOpenAI
+from pydantic import Field, model_validator
+
+from langgraph_art.capture.messages import to_openai_messages
+from langgraph_art.capture.recorder import ART_LLM_TYPE, TurnRecorder, build_turns, policy_step
+from langgraph_art.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+class ChatART(ChatOpenAI):
+    """A LangChain chat model backed by the langgraph-art inference service.
+
+    ``ChatART(model=trainable_model)`` serves the trainable model's current policy (its latest checkpoint);
+    ``ChatART(base_url="http://host:8000/v1", model="agent@12")`` talks to any OpenAI-compatible server and pins
+    a checkpoint. Everything ChatOpenAI supports keeps working: ``bind_tools``, ``with_structured_output``,
+    ``invoke``/``ainvoke``/``stream``/``astream``/``batch``, retries and callbacks.
+    """
+
+    use_responses_api: bool | None = False
+    logprobs: bool | None = True
+    stream_usage: bool | None = True
+    trainable: bool = True
+    """False records this model's calls as context only (never trained on)."""
+    recorder: TurnRecorder | None = Field(default_factory=TurnRecorder, exclude=True)
+    """ChatART's own log of its calls; give it to a ``TrajectoryCallbackHandler`` (``recorders=[...]``)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_served_model(cls, values: Any) -> Any:
+        if not isinstance(values, dict):
+            return values
+        values = dict(values)
+        model = values.get("model", values.get("model_name"))
+        settings = getattr(model, "chat_model_settings", None)
+        if callable(settings):  # a TrainableModel (or anything serving one): it knows its URL and name
+            values.pop("model_name", None)
+            served = settings()
+            values["model"] = served["model"]
+            values.setdefault("base_url", served["base_url"])
+            values.setdefault("api_key", served.get("api_key") or "unused")
+        elif model is not None and not isinstance(model, str):
+            raise ConfigError(f"ChatART(model=...) takes a model name or a TrainableModel, got {type(model).__name__}")
+        base_url = values.get("base_url") or values.get("openai_api_base")
+        if not base_url and not os.environ.get("OPENAI_BASE_URL"):
+            raise ConfigError(
+                "ChatART needs to know where the model is served: pass base_url='http://127.0.0.1:8000/v1' (a "
+                "`langgraph-art serve`), or model=<TrainableModel registered with a backend>"
+            )
+        if not values.get("api_key") and not values.get("openai_api_key") and not os.environ.get("OPENAI_API_KEY"):
+            values["api_key"] = "unused"  # the local service needs no key unless it was started with one
+        return values
+
+    @property
+    def _llm_type(self) -> str:
+        return ART_LLM_TYPE
+
+    @classmethod
+    def get_lc_namespace(cls) -> list[str]:
+        return ["langgraph_art", "capture", "chat_model"]
+
+    @property
+    def policy_step(self) -> int | None:
+        """The pinned checkpoint step (``model="agent@12"`` -> 12); None follows the latest."""
+        return policy_step(self.model_name)
+
+    def with_step(self, step: int | None) -> ChatART:
+        """A copy pinned to checkpoint ``step`` (``None``: follow the latest again)."""
+        if step is not None and (not isinstance(step, int) or step < 0):
+            raise ConfigError(f"step must be a non-negative int or None, got {step!r}")
+        base = self.model_name.rsplit("@", 1)[0] if self.policy_step is not None else self.model_name
+        return self.model_copy(update={"model_name": base if step is None else f"{base}@{step}"})
+
+    @property
+    def _default_params(self) -> dict[str, Any]:
+        params = super()._default_params
+        params["logprobs"] = True  # training needs every sampled token's logprob and id: never optional
+        params["extra_body"] = {**(params.get("extra_body") or {}), "return_token_ids": True}
+        return params
+
+    def _create_chat_result(self, response: Any, generation_info: dict | None = None) -> ChatResult:
+        result = super()._create_chat_result(response, generation_info)
+        body = response if isinstance(response, dict) else response.model_dump(warnings=False)
+        choices = body.get("choices") or []
+        for generation, choice in zip(result.generations, choices, strict=False):
+            # ChatOpenAI shares one generation_info dict between choices (n > 1 would all carry the last
+            # choice's logprobs): give each generation its own.
+            info = dict(generation.generation_info or {})
+            info["logprobs"] = choice.get("logprobs")
+            info["finish_reason"] = choice.get("finish_reason")
+            if body.get("prompt_token_ids") is not None:
+                info["prompt_token_ids"] = body["prompt_token_ids"]
+            generation.generation_info = info
+        return result
+
+    # -- recording this model's own calls --------------------------------------------------------------------
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        start = time.time()
+        result = super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
+        self._record(
+            messages,
+            stop,
+            kwargs,
+            LLMResult(generations=[result.generations], llm_output=result.llm_output),
+            run_manager,
+            start,
+        )
+        return result
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        start = time.time()
+        result = await super()._agenerate(messages, stop=stop, run_manager=run_manager, **kwargs)
+        self._record(
+            messages,
+            stop,
+            kwargs,
+            LLMResult(generations=[result.generations], llm_output=result.llm_output),
+            run_manager,
+            start,
+        )
+        return result
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        start, merged = time.time(), None
+        for chunk in super()._stream(messages, stop=stop, run_manager=run_manager, **kwargs):
+            merged = chunk if merged is None else merged + chunk
+            yield chunk
+        if merged is not None:
+            self._record(messages, stop, kwargs, LLMResult(generations=[[merged]]), run_manager, start)
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        start, merged = time.time(), None
+        async for chunk in super()._astream(messages, stop=stop, run_manager=run_manager, **kwargs):
+            merged = chunk if merged is None else merged + chunk
+            yield chunk
+        if merged is not None:
+            self._record(messages, stop, kwargs, LLMResult(generations=[[merged]]), run_manager, start)
+
+    def _record(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None,
+        kwargs: dict[str, Any],
+        result: LLMResult,
+        run_manager: Any,
+        start: float,
+    ) -> None:
+        if self.recorder is None:
+            return
+        try:
+            metadata = dict(getattr(run_manager, "metadata", None) or {})
+            run_id = str(run_manager.run_id) if run_manager is not None else None
+            invocation = {**self._default_params, **kwargs, "stop": stop}
+            end = time.time()
+            build = functools.partial(
+                build_turns,
+                invocation=invocation,
+                result=result,
+                metadata=metadata,
+                start_time=start,
+                end_time=end,
+                trainable=self.trainable,
+                run_id=run_id,
+            )
+            self.recorder.record(run_id, metadata, start, lambda: build(messages=to_openai_messages(messages)))
+        except Exception:
+            log.exception("ChatART could not record a call (the call itself succeeded)")

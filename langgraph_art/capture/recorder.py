@@ -1,0 +1,190 @@
+"""Pure assembly of ``Turn`` records from what LangChain hands over, and ``TurnRecorder``: ChatART's own log.
+
+``build_turns`` is used by both the callback handler (primary path) and ChatART itself (the fallback for calls
+that callbacks never see, such as calls made from a node's own raw thread pool).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from langchain_core.outputs import ChatGeneration, LLMResult
+
+from langgraph_art.capture.messages import to_openai_message
+from langgraph_art.types import Turn
+
+log = logging.getLogger(__name__)
+
+_STEP = re.compile(r"@(\d+)$")
+_PARAM_KEYS = (
+    "model",
+    "model_name",
+    "temperature",
+    "top_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "n",
+    "seed",
+    "tool_choice",
+    "parallel_tool_calls",
+)
+ART_LLM_TYPE = "langgraph-art-chat"
+
+
+def policy_step(model: str | None) -> int | None:
+    """``"agent@12"`` -> 12; a name without a step -> None."""
+    match = _STEP.search(model or "")
+    return int(match.group(1)) if match else None
+
+
+def sampling_params(invocation: dict[str, Any]) -> dict[str, Any]:
+    return {k: invocation[k] for k in _PARAM_KEYS if invocation.get(k) is not None}
+
+
+def _logprob_entries(generation: ChatGeneration) -> list[dict[str, Any]]:
+    info = generation.generation_info or {}
+    logprobs = info.get("logprobs") or generation.message.response_metadata.get("logprobs") or {}
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    return list(content or [])
+
+
+def _call_id(generation: ChatGeneration, llm_output: dict[str, Any] | None) -> str | None:
+    for candidate in (
+        generation.message.response_metadata.get("id"),
+        (llm_output or {}).get("id"),
+        generation.message.id,
+    ):
+        if isinstance(candidate, str) and candidate.startswith("chatcmpl-"):
+            return candidate.removeprefix("chatcmpl-")
+    return None
+
+
+def build_turns(
+    *,
+    messages: list[dict[str, Any]],
+    invocation: dict[str, Any],
+    result: LLMResult,
+    metadata: dict[str, Any],
+    start_time: float,
+    end_time: float,
+    trainable: bool,
+    run_id: str | None,
+) -> list[Turn]:
+    """One ``Turn`` per returned choice of one chat-model call."""
+    turns = []
+    generations = result.generations[0] if result.generations else []
+    for index, generation in enumerate(generations):
+        if not isinstance(generation, ChatGeneration):
+            continue
+        entries = _logprob_entries(generation)
+        ids = [e.get("token_id") for e in entries]
+        has_ids = bool(ids) and all(isinstance(i, int) for i in ids)
+        info = generation.generation_info or {}
+        meta = generation.message.response_metadata
+        model = meta.get("model_name") or (result.llm_output or {}).get("model_name") or invocation.get("model")
+        turns.append(
+            Turn(
+                id=uuid.uuid4().hex,
+                run_id=run_id,
+                messages=messages,
+                tools=invocation.get("tools"),
+                params=sampling_params(invocation),
+                output=to_openai_message(generation.message),
+                prompt_token_ids=info.get("prompt_token_ids"),
+                token_ids=[int(i) for i in ids] if has_ids else [],  # type: ignore[arg-type]
+                logprobs=[float(e["logprob"]) for e in entries] if has_ids else [],
+                finish_reason=info.get("finish_reason") or meta.get("finish_reason"),
+                model=model,
+                policy_step=policy_step(model),
+                call_id=_call_id(generation, result.llm_output),
+                choice_index=index,
+                node=metadata.get("langgraph_node"),
+                step=metadata.get("langgraph_step"),
+                namespace=metadata.get("langgraph_checkpoint_ns"),
+                start_time=start_time,
+                latency_s=end_time - start_time,
+                trainable=trainable and has_ids,
+                source="chat_art" if trainable else "other",
+            )
+        )
+    return turns
+
+
+class TurnRecorder:
+    """ChatART's own, bounded log of the calls it made, keyed by LangChain run id.
+
+    Entries are cheap until needed: the turns are built only when adopted. A ``TrajectoryCallbackHandler`` given
+    this recorder claims the calls it also saw through callbacks; at the end of each run it adopts the unclaimed
+    calls that belong to that run (by run metadata, else by time when no other run overlapped). Nothing is
+    dropped silently: calls evicted unclaimed are logged and counted.
+    """
+
+    def __init__(self, capacity: int = 10_000) -> None:
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._calls: OrderedDict[str, _Recorded] = OrderedDict()
+        self.evicted_unclaimed = 0
+
+    def record(
+        self, run_id: str | None, metadata: dict[str, Any], start: float, build: Callable[[], list[Turn]]
+    ) -> None:
+        key = run_id or uuid.uuid4().hex
+        with self._lock:
+            self._calls[key] = _Recorded(metadata.get("langgraph_art_run"), start, build)
+            while len(self._calls) > self.capacity:
+                _, old = self._calls.popitem(last=False)
+                if not old.claimed:
+                    self.evicted_unclaimed += 1
+                    log.warning("TurnRecorder full (capacity %d): dropped an unclaimed call", self.capacity)
+
+    def claim(self, run_id: str) -> None:
+        """Mark a call as captured through callbacks."""
+        with self._lock:
+            entry = self._calls.get(run_id)
+            if entry is not None:
+                entry.claimed = True
+
+    def take_unclaimed(self, run_key: str | None, start: float, end: float) -> list[tuple[Turn, bool]]:
+        """Unclaimed calls of one root run, built: ``(turn, matched_by_metadata)``.
+
+        A call matches by metadata when its ``langgraph_art_run`` equals ``run_key``; a call without that key
+        matches when it started inside ``[start, end]`` (pass an empty window when other runs overlapped).
+        """
+        chosen: list[tuple[_Recorded, bool]] = []
+        with self._lock:
+            for entry in self._calls.values():
+                if entry.claimed:
+                    continue
+                by_metadata = entry.owner is not None and entry.owner == run_key
+                by_time = entry.owner is None and start <= entry.start <= end
+                if by_metadata or by_time:
+                    entry.claimed = True
+                    chosen.append((entry, by_metadata))
+        return [(turn, by_metadata) for entry, by_metadata in chosen for turn in entry.build()]
+
+    def unclaimed(self) -> list[Turn]:
+        """Calls no handler has claimed or adopted (yet)."""
+        with self._lock:
+            entries = [e for e in self._calls.values() if not e.claimed]
+        return [turn for entry in entries for turn in entry.build()]
+
+
+@dataclass
+class _Recorded:
+    owner: str | None
+    start: float
+    build: Callable[[], list[Turn]]
+    claimed: bool = False
+
+
+def now() -> float:
+    return time.time()
