@@ -230,7 +230,7 @@ async def _sse(
         "id": f"chatcmpl-{call_id}",
         "object": "chat.completion.chunk",
         "created": created,
-        "model": body.model,
+        "model": resolve_adapter(engine, body.model) or body.model,
     }
     tools = body.tools_enabled()
     texts = [StreamedText(engine.tokenizer, body.sampling_params().stop, tools) for _ in range(body.n)]
