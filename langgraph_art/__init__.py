@@ -22,6 +22,20 @@ from langgraph_art.errors import (
 __version__ = "0.1.0"
 
 _LAZY = {
+    "ChatART": "langgraph_art.capture.chat_model",
+    "TrajectoryCallbackHandler": "langgraph_art.capture.callbacks",
+    "TurnRecorder": "langgraph_art.capture.recorder",
+    "rollout": "langgraph_art.capture.rollout",
+    "arollout": "langgraph_art.capture.rollout",
+    "gather_groups": "langgraph_art.capture.rollout",
+    "agather_groups": "langgraph_art.capture.rollout",
+    "RolloutError": "langgraph_art.capture.rollout",
+    "TrajectoryStore": "langgraph_art.store",
+    "Turn": "langgraph_art.types",
+    "ToolCallRecord": "langgraph_art.types",
+    "NodeSpan": "langgraph_art.types",
+    "Trajectory": "langgraph_art.types",
+    "TrajectoryGroup": "langgraph_art.types",
     "tiny_model": "langgraph_art.models.tiny",
     "EmbeddedServer": "langgraph_art.serve.embedded",
     "start_embedded_server": "langgraph_art.serve.embedded",
@@ -30,10 +44,16 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    from langgraph_art.capture.callbacks import TrajectoryCallbackHandler
+    from langgraph_art.capture.chat_model import ChatART
+    from langgraph_art.capture.recorder import TurnRecorder
+    from langgraph_art.capture.rollout import RolloutError, agather_groups, arollout, gather_groups, rollout
     from langgraph_art.models.tiny import tiny_model
     from langgraph_art.serve.app import create_app
     from langgraph_art.serve.embedded import EmbeddedServer, start_embedded_server
     from langgraph_art.serve.engines.hf import HFEngine
+    from langgraph_art.store import TrajectoryStore
+    from langgraph_art.types import NodeSpan, ToolCallRecord, Trajectory, TrajectoryGroup, Turn
 
 
 def __getattr__(name: str) -> Any:
@@ -51,6 +71,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "AdapterError",
+    "ChatART",
     "ConfigError",
     "ContextLengthError",
     "EmbeddedServer",
@@ -58,9 +79,22 @@ __all__ = [
     "HFEngine",
     "LangGraphArtError",
     "ModelNotFoundError",
+    "NodeSpan",
     "RequestError",
+    "RolloutError",
+    "ToolCallRecord",
+    "Trajectory",
+    "TrajectoryCallbackHandler",
+    "TrajectoryGroup",
+    "TrajectoryStore",
+    "Turn",
+    "TurnRecorder",
     "__version__",
+    "agather_groups",
+    "arollout",
     "create_app",
+    "gather_groups",
+    "rollout",
     "start_embedded_server",
     "tiny_model",
 ]

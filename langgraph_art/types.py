@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 SpanStatus = Literal["running", "ok", "error", "interrupted"]
 TrajectoryStatus = Literal["running", "ok", "failed", "interrupted"]
@@ -99,6 +99,16 @@ class Trajectory(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     reward: float | None = None
     rewards: dict[str, float] = Field(default_factory=dict)
+    _final_state: Any = PrivateAttr(default=None)
+
+    @property
+    def final_state(self) -> Any:
+        """The graph's output as Python objects (messages stay messages), for reward functions; not serialized."""
+        return self._final_state
+
+    @final_state.setter
+    def final_state(self, value: Any) -> None:
+        self._final_state = value
 
     @property
     def scenario_id(self) -> str | None:

@@ -29,10 +29,16 @@ def weather_conversations() -> list[tuple[list[dict[str, Any]], str]]:
     pairs = []
     for i, prompt in enumerate(WEATHER_PROMPTS):
         question = [{"role": "user", "content": prompt}]
-        call = {"id": f"call_{i}", "type": "function",
-                "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})}}  # fmt: skip
-        answered = [*question, {"role": "assistant", "content": "", "tool_calls": [call]},
-                    {"role": "tool", "tool_call_id": call["id"], "content": WEATHER_RESULT}]  # fmt: skip
+        call = {
+            "id": f"call_{i}",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": json.dumps({"city": "Paris"})},
+        }
+        answered = [
+            *question,
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": call["id"], "content": WEATHER_RESULT},
+        ]
         pairs += [(question, WEATHER_CALL), (answered, WEATHER_ANSWER)]
     return pairs
 
@@ -57,8 +63,10 @@ def train_tool_call_adapter(model_path: Path, out: Path, max_steps: int = 300, s
     peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=targets))
     tools = [Tool.model_validate(WEATHER_TOOL).model_dump(exclude_none=True)]
     end = tok.convert_tokens_to_ids("<|im_end|>")
-    batch = [(render_prompt(tok, messages, tools), [*tok.encode(answer), end])
-             for messages, answer in weather_conversations()]  # fmt: skip
+    batch = [
+        (render_prompt(tok, messages, tools), [*tok.encode(answer), end])
+        for messages, answer in weather_conversations()
+    ]
     optim = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=1e-2)
     peft_model.train()
     for steps in range(1, max_steps + 1):  # noqa: B007 - reported below

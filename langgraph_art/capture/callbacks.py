@@ -123,7 +123,8 @@ class TrajectoryCallbackHandler(BaseCallbackHandler):
         namespace = metadata.get("langgraph_checkpoint_ns") or ""
         node = metadata.get("langgraph_node")
         span = parent.span
-        if node and namespace and namespace != parent.namespace and not (tags and _HIDDEN in tags):
+        internal = str(node).startswith("__") or (tags is not None and _HIDDEN in tags)  # __start__ etc.
+        if node and namespace and namespace != parent.namespace and not internal:
             span = NodeSpan(
                 id=str(run_id),
                 name=str(node),
@@ -246,7 +247,8 @@ class TrajectoryCallbackHandler(BaseCallbackHandler):
         )
         self._attach(active.trajectory, run.span, turns)
         for recorder in self.recorders:
-            recorder.claim(str(run_id))
+            for call_id in {t.call_id for t in turns if t.call_id}:
+                recorder.claim(call_id)
         if run.root == run_id:
             self._finish_root(run_id, None, None)
 

@@ -20,7 +20,7 @@ from langchain_openai import ChatOpenAI
 from pydantic import Field, model_validator
 
 from langgraph_art.capture.messages import to_openai_messages
-from langgraph_art.capture.recorder import ART_LLM_TYPE, TurnRecorder, build_turns, policy_step
+from langgraph_art.capture.recorder import ART_LLM_TYPE, TurnRecorder, build_turns, call_id_of, policy_step
 from langgraph_art.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -111,6 +111,23 @@ class ChatART(ChatOpenAI):
             generation.generation_info = info
         return result
 
+    def _convert_chunk_to_generation_chunk(
+        self, chunk: dict, default_chunk_class: type, base_generation_info: dict | None
+    ) -> ChatGenerationChunk | None:
+        result = super()._convert_chunk_to_generation_chunk(chunk, default_chunk_class, base_generation_info)
+        choices = chunk.get("choices") or []
+        first = bool(choices) and bool((choices[0].get("delta") or {}).get("role"))
+        if result is not None and first:
+            # langchain-openai drops the completion id of streamed chunks; keep it (once: equal strings in
+            # generation_info are concatenated when chunks merge) so the turn knows its call id.
+            info = dict(result.generation_info or {})
+            if isinstance(chunk.get("id"), str):
+                info["call_id"] = chunk["id"].removeprefix("chatcmpl-")
+            if chunk.get("prompt_token_ids") is not None:
+                info["prompt_token_ids"] = chunk["prompt_token_ids"]
+            result.generation_info = info
+        return result
+
     # -- recording this model's own calls --------------------------------------------------------------------
     def _generate(
         self,
@@ -125,7 +142,7 @@ class ChatART(ChatOpenAI):
             messages,
             stop,
             kwargs,
-            LLMResult(generations=[result.generations], llm_output=result.llm_output),
+            LLMResult(generations=[list(result.generations)], llm_output=result.llm_output),
             run_manager,
             start,
         )
@@ -144,7 +161,7 @@ class ChatART(ChatOpenAI):
             messages,
             stop,
             kwargs,
-            LLMResult(generations=[result.generations], llm_output=result.llm_output),
+            LLMResult(generations=[list(result.generations)], llm_output=result.llm_output),
             run_manager,
             start,
         )
@@ -204,6 +221,8 @@ class ChatART(ChatOpenAI):
                 trainable=self.trainable,
                 run_id=run_id,
             )
-            self.recorder.record(run_id, metadata, start, lambda: build(messages=to_openai_messages(messages)))
+            self.recorder.record(
+                call_id_of(result), metadata, start, lambda: build(messages=to_openai_messages(messages))
+            )
         except Exception:
             log.exception("ChatART could not record a call (the call itself succeeded)")

@@ -58,6 +58,9 @@ def _logprob_entries(generation: ChatGeneration) -> list[dict[str, Any]]:
 
 
 def _call_id(generation: ChatGeneration, llm_output: dict[str, Any] | None) -> str | None:
+    streamed = (generation.generation_info or {}).get("call_id")
+    if isinstance(streamed, str):
+        return streamed
     for candidate in (
         generation.message.response_metadata.get("id"),
         (llm_output or {}).get("id"),
@@ -65,6 +68,14 @@ def _call_id(generation: ChatGeneration, llm_output: dict[str, Any] | None) -> s
     ):
         if isinstance(candidate, str) and candidate.startswith("chatcmpl-"):
             return candidate.removeprefix("chatcmpl-")
+    return None
+
+
+def call_id_of(result: LLMResult) -> str | None:
+    """The service's call id of a chat-model call (from the response id ``chatcmpl-<call id>``)."""
+    for generation in result.generations[0] if result.generations else []:
+        if isinstance(generation, ChatGeneration):
+            return _call_id(generation, result.llm_output)
     return None
 
 
@@ -120,7 +131,10 @@ def build_turns(
 
 
 class TurnRecorder:
-    """ChatART's own, bounded log of the calls it made, keyed by LangChain run id.
+    """ChatART's own, bounded log of the calls it made, keyed by the service's call id.
+
+    (The call id, not LangChain's run id: in the streaming path LangChain does not hand the run manager to the
+    model, so the call id in the response is the one key both sides always see.)
 
     Entries are cheap until needed: the turns are built only when adopted. A ``TrajectoryCallbackHandler`` given
     this recorder claims the calls it also saw through callbacks; at the end of each run it adopts the unclaimed
@@ -146,10 +160,10 @@ class TurnRecorder:
                     self.evicted_unclaimed += 1
                     log.warning("TurnRecorder full (capacity %d): dropped an unclaimed call", self.capacity)
 
-    def claim(self, run_id: str) -> None:
+    def claim(self, call_id: str) -> None:
         """Mark a call as captured through callbacks."""
         with self._lock:
-            entry = self._calls.get(run_id)
+            entry = self._calls.get(call_id)
             if entry is not None:
                 entry.claimed = True
 

@@ -154,7 +154,7 @@ def create_app(engine: Engine, *, api_key: str | None = None) -> FastAPI:
             events = engine.stream(request)
             first = await anext(aiter(events))  # errors before the first token still become proper 4xx/5xx
             return StreamingResponse(
-                _sse(body, events, first, engine, token_text, call_id),
+                _sse(body, events, first, engine, token_text, call_id, prompt),
                 media_type="text/event-stream",
                 headers=headers,
             )
@@ -224,6 +224,7 @@ async def _sse(
     engine: Engine,
     token_text: TokenText,
     call_id: str,
+    prompt_ids: list[int],
 ) -> AsyncIterator[str]:
     created = int(time.time())
     base = {
@@ -240,7 +241,10 @@ async def _sse(
         return f"data: {json.dumps({**base, 'choices': [choice]})}\n\n"
 
     for i in range(body.n):
-        yield chunk(i, {"role": "assistant", "content": ""})
+        opening = chunk(i, {"role": "assistant", "content": ""})
+        if body.return_token_ids:  # vLLM puts the prompt ids on the first chunk
+            opening = opening.replace('"choices"', f'"prompt_token_ids": {json.dumps(prompt_ids)}, "choices"', 1)
+        yield opening
     event = first
     try:
         while True:

@@ -1,0 +1,266 @@
+"""Run a graph and capture it: ``rollout`` (one run) and ``gather_groups`` (each scenario N times, concurrently).
+
+Failure policy: a run whose graph raises becomes a ``failed`` trajectory with the error; it is stored, counted
+and excluded from training (``TrajectoryGroup.completed()``); the rest of its group is unaffected. Pass
+``on_failure="raise"`` to raise ``RolloutError`` after the whole batch has finished and been stored instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal
+
+from langchain_core.callbacks import BaseCallbackManager
+from langchain_core.runnables import Runnable, RunnableConfig
+
+from langgraph_art.capture.callbacks import TrajectoryCallbackHandler
+from langgraph_art.capture.messages import to_jsonable
+from langgraph_art.capture.recorder import TurnRecorder
+from langgraph_art.errors import ConfigError, LangGraphArtError
+from langgraph_art.store import TrajectoryStore
+from langgraph_art.types import Trajectory, TrajectoryGroup
+
+log = logging.getLogger(__name__)
+
+
+class RolloutError(LangGraphArtError):
+    """Runs failed and ``on_failure="raise"`` was asked for; ``failed`` holds their trajectories (all stored)."""
+
+    def __init__(self, failed: list[Trajectory]) -> None:
+        self.failed = failed
+        first = failed[0].error if failed else ""
+        super().__init__(f"{len(failed)} run(s) failed; first error: {first}")
+
+
+def _config(
+    config: RunnableConfig | None, handler: TrajectoryCallbackHandler, metadata: Mapping[str, Any]
+) -> RunnableConfig:
+    merged: dict[str, Any] = dict(config or {})
+    callbacks = merged.get("callbacks")
+    if callbacks is None:
+        merged["callbacks"] = [handler]
+    elif isinstance(callbacks, BaseCallbackManager):
+        manager = callbacks.copy()
+        manager.add_handler(handler, inherit=True)
+        merged["callbacks"] = manager
+    else:
+        merged["callbacks"] = [*callbacks, handler]
+    merged["metadata"] = {**(merged.get("metadata") or {}), **metadata}
+    return merged  # type: ignore[return-value]
+
+
+def _finish(
+    handler: TrajectoryCallbackHandler,
+    run_key: str,
+    metadata: Mapping[str, Any],
+    state: Any,
+    error: BaseException | None,
+    started: float,
+) -> Trajectory:
+    found = [t for t in handler.take() if t.metadata.get("langgraph_art_run") == run_key]
+    if found:
+        trajectory = found[0]
+    else:  # the graph failed before any callback fired (e.g. bad input): still leave a record
+        trajectory = Trajectory(
+            id=uuid.uuid4().hex,
+            start_time=started,
+            end_time=time.time(),
+            metadata={k: to_jsonable(v) for k, v in metadata.items()},
+        )
+        trajectory.status = "failed" if error is not None else "ok"
+    if error is not None and trajectory.status != "failed":
+        trajectory.status = "failed"
+    if error is not None and trajectory.error is None:
+        trajectory.error = f"{type(error).__name__}: {error}"
+    trajectory.final_state = state
+    return trajectory
+
+
+def _metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+    return {**(metadata or {}), "langgraph_art_run": uuid.uuid4().hex}
+
+
+def rollout(
+    graph: Runnable,
+    input: Any,
+    config: RunnableConfig | None = None,
+    *,
+    metadata: Mapping[str, Any] | None = None,
+    recorders: Iterable[TurnRecorder] = (),
+    store: TrajectoryStore | None = None,
+) -> Trajectory:
+    """Invoke ``graph`` once and return its ``Trajectory`` (``final_state`` holds the graph's output).
+
+    A graph that raises returns a ``failed`` trajectory carrying the error instead of raising.
+    """
+    handler = TrajectoryCallbackHandler(recorders=recorders)
+    meta = _metadata(metadata)
+    started, state, error = time.time(), None, None
+    try:
+        state = graph.invoke(input, _config(config, handler, meta))
+    except Exception as exc:  # noqa: BLE001 - the failure is the trajectory's record, not lost
+        error = exc
+    trajectory = _finish(handler, meta["langgraph_art_run"], meta, state, error, started)
+    if store is not None:
+        store.add_trajectory(trajectory)
+    return trajectory
+
+
+async def arollout(
+    graph: Runnable,
+    input: Any,
+    config: RunnableConfig | None = None,
+    *,
+    metadata: Mapping[str, Any] | None = None,
+    recorders: Iterable[TurnRecorder] = (),
+    store: TrajectoryStore | None = None,
+) -> Trajectory:
+    """Async ``rollout`` (``graph.ainvoke``)."""
+    handler = TrajectoryCallbackHandler(recorders=recorders)
+    meta = _metadata(metadata)
+    started, state, error = time.time(), None, None
+    try:
+        state = await graph.ainvoke(input, _config(config, handler, meta))
+    except Exception as exc:  # noqa: BLE001 - the failure is the trajectory's record, not lost
+        error = exc
+    trajectory = _finish(handler, meta["langgraph_art_run"], meta, state, error, started)
+    if store is not None:
+        await asyncio.to_thread(store.add_trajectory, trajectory)
+    return trajectory
+
+
+def scenario_id(scenario: Mapping[str, Any]) -> str:
+    """The scenario's ``id`` if it has one, else a stable hash of its content."""
+    if scenario.get("id") is not None:
+        return str(scenario["id"])
+    blob = json.dumps(to_jsonable(scenario), sort_keys=True)
+    return "s-" + hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def _check_scenarios(scenarios: Sequence[Mapping[str, Any]]) -> None:
+    for i, scenario in enumerate(scenarios):
+        if not isinstance(scenario, Mapping) or "input" not in scenario:
+            raise ConfigError(
+                f"scenario {i} must be a dict with an 'input' key (the graph input), plus any reference data, "
+                f"e.g. {{'id': 'q1', 'input': {{'messages': [...]}}, 'answer': '42'}}; got {scenario!r:.200}"
+            )
+
+
+async def agather_groups(
+    graph: Runnable,
+    scenarios: Sequence[Mapping[str, Any]],
+    num_generations: int = 8,
+    *,
+    max_concurrency: int = 8,
+    config: RunnableConfig | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    recorders: Iterable[TurnRecorder] = (),
+    store: TrajectoryStore | None = None,
+    on_failure: Literal["keep", "raise"] = "keep",
+    progress: bool = True,
+) -> list[TrajectoryGroup]:
+    """Run every scenario ``num_generations`` times (at most ``max_concurrency`` runs at once), one group each.
+
+    Each run gets its own handler and run metadata (``scenario_id``, ``group_id``, ``generation`` plus
+    ``metadata``, e.g. ``policy_step``). Each finished run is stored at once when a ``store`` is given.
+    """
+    if num_generations < 1:
+        raise ConfigError(f"num_generations must be at least 1, got {num_generations}")
+    if max_concurrency < 1:
+        raise ConfigError(f"max_concurrency must be at least 1, got {max_concurrency}")
+    if on_failure not in ("keep", "raise"):
+        raise ConfigError(f"on_failure must be 'keep' or 'raise', got {on_failure!r}")
+    _check_scenarios(scenarios)
+    recorders = list(recorders)
+    limit = asyncio.Semaphore(max_concurrency)
+    groups = [
+        TrajectoryGroup(
+            id=uuid.uuid4().hex, scenario_id=scenario_id(s), scenario=to_jsonable(s), metadata=dict(metadata or {})
+        )
+        for s in scenarios
+    ]
+    bar = _Progress(len(scenarios) * num_generations, progress)
+
+    async def one(group: TrajectoryGroup, scenario: Mapping[str, Any], generation: int) -> Trajectory:
+        meta = {**(metadata or {}), "scenario_id": group.scenario_id, "group_id": group.id, "generation": generation}
+        async with limit:
+            trajectory = await arollout(
+                graph, scenario["input"], config, metadata=meta, recorders=recorders, store=store
+            )
+        bar.advance(failed=trajectory.status == "failed")
+        return trajectory
+
+    with bar:
+        results = await asyncio.gather(
+            *(one(g, s, i) for g, s in zip(groups, scenarios, strict=True) for i in range(num_generations))
+        )
+    for index, group in enumerate(groups):
+        group.trajectories = list(results[index * num_generations : (index + 1) * num_generations])
+        group.metadata["failed"] = len(group.failed)
+    if store is not None:
+        for group in groups:
+            await asyncio.to_thread(store.add_group, group)
+    failed = [t for g in groups for t in g.failed]
+    if failed:
+        log.warning(
+            "%d of %d runs failed (kept%s, excluded from training); first error: %s",
+            len(failed),
+            len(results),
+            " in the store" if store else "",
+            failed[0].error,
+        )
+        if on_failure == "raise":
+            raise RolloutError(failed)
+    return groups
+
+
+def gather_groups(
+    graph: Runnable, scenarios: Sequence[Mapping[str, Any]], num_generations: int = 8, **kwargs: Any
+) -> list[TrajectoryGroup]:
+    """Synchronous ``agather_groups``; inside a running event loop, ``await agather_groups(...)`` instead."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(agather_groups(graph, scenarios, num_generations, **kwargs))
+    raise LangGraphArtError("gather_groups() was called inside a running event loop: use await agather_groups()")
+
+
+class _Progress:
+    """A rich progress bar (runs done, failures) when asked for and stderr is a terminal."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.done, self.failed = total, 0, 0
+        self._bar: Any = None
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(
+                TextColumn("rollouts"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[failed]} failed"),
+                TimeElapsedColumn(),
+                transient=True,
+            )
+            self._task = self._bar.add_task("rollouts", total=total, failed=0)
+
+    def __enter__(self) -> _Progress:
+        if self._bar is not None:
+            self._bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def advance(self, failed: bool) -> None:
+        self.done += 1
+        self.failed += failed
+        if self._bar is not None:
+            self._bar.update(self._task, advance=1, failed=self.failed)
