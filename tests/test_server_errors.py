@@ -53,10 +53,10 @@ CASES = [
         "tool_choice",
     ),
     (
-        "system message not first",
-        with_(messages=[{"role": "user", "content": "a"}, {"role": "system", "content": "b"}]),
+        "tool_calls on a user message",
+        with_(messages=[{"role": "user", "content": "a", "tool_calls": [{"function": {"name": "f"}}]}]),
         400,
-        "messages",
+        "messages[0].tool_calls",
     ),
     (
         "tool message without content",

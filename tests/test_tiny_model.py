@@ -104,8 +104,14 @@ def test_chat_template_renders_tools_calls_and_results(tokenizer) -> None:
     )
 
 
-def test_chat_template_refuses_misplaced_system(tokenizer) -> None:
-    with pytest.raises(Exception, match="system message is only allowed first"):
-        tokenizer.apply_chat_template(
-            [{"role": "user", "content": "a"}, {"role": "system", "content": "b"}], tokenize=False
-        )
+def test_chat_template_keeps_later_system_messages_in_place(tokenizer) -> None:
+    text = tokenizer.apply_chat_template(
+        [{"role": "system", "content": "a"}, {"role": "user", "content": "b"}, {"role": "system", "content": "c"}],
+        tokenize=False,
+    )
+    assert text == "<|im_start|>system\na<|im_end|>\n<|im_start|>user\nb<|im_end|>\n<|im_start|>system\nc<|im_end|>\n"
+
+
+def test_chat_template_refuses_unknown_roles(tokenizer) -> None:
+    with pytest.raises(Exception, match="unknown role: wizard"):
+        tokenizer.apply_chat_template([{"role": "wizard", "content": "a"}], tokenize=False)

@@ -24,6 +24,8 @@ from langgraph_art.capture.recorder import ART_LLM_TYPE, TurnRecorder, build_tur
 from langgraph_art.errors import ConfigError
 
 log = logging.getLogger(__name__)
+ENV_BASE_URL = "LANGGRAPH_ART_BASE_URL"
+ENV_API_KEY = "LANGGRAPH_ART_API_KEY"
 
 
 class ChatART(ChatOpenAI):
@@ -59,14 +61,17 @@ class ChatART(ChatOpenAI):
             values.setdefault("api_key", served.get("api_key") or "unused")
         elif model is not None and not isinstance(model, str):
             raise ConfigError(f"ChatART(model=...) takes a model name or a TrainableModel, got {type(model).__name__}")
-        base_url = values.get("base_url") or values.get("openai_api_base")
-        if not base_url and not os.environ.get("OPENAI_BASE_URL"):
+        if not (values.get("base_url") or values.get("openai_api_base")) and os.environ.get(ENV_BASE_URL):
+            values["base_url"] = os.environ[ENV_BASE_URL]
+        if not (values.get("base_url") or values.get("openai_api_base") or os.environ.get("OPENAI_BASE_URL")):
             raise ConfigError(
                 "ChatART needs to know where the model is served: pass base_url='http://127.0.0.1:8000/v1' (a "
-                "`langgraph-art serve`), or model=<TrainableModel registered with a backend>"
+                f"`langgraph-art serve`) or set {ENV_BASE_URL}, or pass model=<TrainableModel registered with a "
+                "backend>"
             )
-        if not values.get("api_key") and not values.get("openai_api_key") and not os.environ.get("OPENAI_API_KEY"):
-            values["api_key"] = "unused"  # the local service needs no key unless it was started with one
+        if not (values.get("api_key") or values.get("openai_api_key")):
+            # the service's own key variable first; a local service started without a key accepts anything
+            values["api_key"] = os.environ.get(ENV_API_KEY) or os.environ.get("OPENAI_API_KEY") or "unused"
         return values
 
     @property
@@ -76,6 +81,12 @@ class ChatART(ChatOpenAI):
     @classmethod
     def get_lc_namespace(cls) -> list[str]:
         return ["langgraph_art", "capture", "chat_model"]
+
+    @classmethod
+    def is_lc_serializable(cls) -> bool:
+        """False: langchain-core's ``load`` only rebuilds classes on its own allow-list, which third-party chat
+        models cannot join, so a ChatART would serialize but never load back."""
+        return False
 
     @property
     def policy_step(self) -> int | None:

@@ -1,0 +1,109 @@
+"""LangChain's standard test suites run against ChatART: proof that it is a drop-in chat model."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from langchain_tests.integration_tests import ChatModelIntegrationTests
+from langchain_tests.unit_tests import ChatModelUnitTests
+
+from langgraph_art.capture.chat_model import ChatART
+
+
+class TestChatARTUnit(ChatModelUnitTests):
+    @property
+    def chat_model_class(self) -> type[ChatART]:
+        return ChatART
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        return {"model": "agent@3", "base_url": "http://127.0.0.1:9/v1", "temperature": 0.5}
+
+    @property
+    def init_from_env_params(self) -> tuple[dict, dict, dict]:
+        return (
+            {"LANGGRAPH_ART_API_KEY": "env-key", "LANGGRAPH_ART_BASE_URL": "http://127.0.0.1:9/v1"},
+            {"model": "agent"},
+            {"openai_api_key": "env-key", "openai_api_base": "http://127.0.0.1:9/v1"},
+        )
+
+    @property
+    def has_tool_choice(self) -> bool:
+        return True
+
+    @property
+    def returns_usage_metadata(self) -> bool:
+        return True
+
+
+@pytest.mark.integration
+class TestChatARTIntegration(ChatModelIntegrationTests):
+    """The standard integration suite against the embedded tiny service.
+
+    The tiny model is random-init: tests that need a model which understands the prompt are skipped below,
+    each with its reason; everything about the protocol (invoke/stream/batch, async, usage metadata, stop,
+    tool-message shapes, callbacks) runs for real.
+    """
+
+    @pytest.fixture(autouse=True)
+    def _service(self, server: Any) -> None:
+        type(self)._base_url = server.base_url
+
+    @property
+    def chat_model_class(self) -> type[ChatART]:
+        return ChatART
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        return {"model": "tiny", "base_url": self._base_url, "max_tokens": 8, "max_retries": 0}
+
+    @property
+    def has_tool_choice(self) -> bool:
+        return False
+
+    @property
+    def has_structured_output(self) -> bool:
+        return False
+
+    @property
+    def returns_usage_metadata(self) -> bool:
+        return True
+
+    @property
+    def supports_json_mode(self) -> bool:
+        return False
+
+    @property
+    def model_override_value(self) -> str:
+        return "weather@1"  # another model served by the same service (a LoRA adapter)
+
+    # -- tests that need a model which understands the prompt (the tiny model is random-init) ---------------
+    # They run and are expected to fail; the protocol they exercise is covered with a trained adapter in
+    # tests/test_server_openai.py and tests/test_capture_graphs.py.
+    _SMART = "needs a model that follows tool instructions; the tiny random-init model cannot"
+
+    @pytest.mark.xfail(reason=_SMART)
+    def test_tool_calling(self, model: Any) -> None:
+        super().test_tool_calling(model)
+
+    @pytest.mark.xfail(reason=_SMART)
+    async def test_tool_calling_async(self, model: Any) -> None:
+        await super().test_tool_calling_async(model)
+
+    @pytest.mark.xfail(reason=_SMART)
+    def test_bind_runnables_as_tools(self, model: Any) -> None:
+        super().test_bind_runnables_as_tools(model)
+
+    @pytest.mark.xfail(reason=_SMART)
+    def test_tool_calling_with_no_arguments(self, model: Any) -> None:
+        super().test_tool_calling_with_no_arguments(model)
+
+    @pytest.mark.xfail(reason=_SMART)
+    def test_agent_loop(self, model: Any) -> None:
+        super().test_agent_loop(model)
+
+    @pytest.mark.xfail(reason=_SMART)
+    def test_unicode_tool_call_integration(self, model: Any, *args: Any, **kwargs: Any) -> None:
+        super().test_unicode_tool_call_integration(model, *args, **kwargs)
