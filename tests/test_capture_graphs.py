@@ -293,16 +293,25 @@ def test_failing_node_marks_the_trajectory_failed_and_keeps_it(tiny_llm) -> None
 
 
 def test_handler_never_raises_into_the_graph(tiny_llm, monkeypatch) -> None:
+    import langgraph_art.capture.assembly as assembly
     import langgraph_art.capture.callbacks as callbacks
 
-    def broken(**_: Any) -> list:
-        raise RuntimeError("capture bug")
-
-    monkeypatch.setattr(callbacks, "build_turns", broken)
     graph = StateGraph(MessagesState)
     graph.add_node("think", lambda s: {"messages": [tiny_llm.invoke(s["messages"])]})
     graph.add_edge(START, "think")
+    app = graph.compile()
+
+    def broken(*_: Any, **__: Any) -> Any:
+        raise RuntimeError("capture bug")
+
+    monkeypatch.setattr(callbacks, "SpanRecord", broken)  # fails inside a callback, during the run
     handler = TrajectoryCallbackHandler()
-    state = graph.compile().invoke({"messages": [("user", "hi")]}, {"callbacks": [handler]})
+    state = app.invoke({"messages": [("user", "hi")]}, {"callbacks": [handler]})
     assert isinstance(state["messages"][-1], AIMessage)
-    assert handler.errors == 1 and handler.trajectories[0].status == "ok"
+    assert handler.errors >= 1 and handler.trajectories[0].status == "ok"
+    monkeypatch.undo()
+
+    monkeypatch.setattr(assembly, "build_turns", broken)  # fails while assembling, after the run
+    handler = TrajectoryCallbackHandler()
+    app.invoke({"messages": [("user", "hi")]}, {"callbacks": [handler]})
+    assert handler.trajectories == [] and handler.errors == 1

@@ -16,8 +16,8 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -25,9 +25,9 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import BaseMessage
 from langchain_core.outputs import LLMResult
 
-from langgraph_art.capture.messages import to_jsonable, to_openai_messages
-from langgraph_art.capture.recorder import ART_LLM_TYPE, TurnRecorder, build_turns
-from langgraph_art.types import NodeSpan, ToolCallRecord, Trajectory, Turn
+from langgraph_art.capture.assembly import CallRecord, RunRecord, SpanRecord, ToolRecord, assemble
+from langgraph_art.capture.recorder import ART_LLM_TYPE, TurnRecorder, call_id_of
+from langgraph_art.types import NodeSpan, Trajectory, Turn
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -57,35 +57,18 @@ def is_control_flow(error: BaseException) -> bool:
     return isinstance(error, GraphBubbleUp)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Run:
     root: UUID
-    span: NodeSpan | None
+    span: SpanRecord | None
     namespace: str
-
-
-@dataclass
-class _Pending:
-    messages: Sequence[BaseMessage]
-    invocation: dict[str, Any]
-    metadata: dict[str, Any]
-    start: float
-    trainable: bool
-
-
-@dataclass
-class _Active:
-    trajectory: Trajectory
-    runs: set[UUID] = field(default_factory=set)
-    converted: dict[int, dict[str, Any]] = field(default_factory=dict)  # message id -> OpenAI dict
-    overlapped: bool = False
 
 
 class TrajectoryCallbackHandler(BaseCallbackHandler):
     """Capture every run of a graph as a ``Trajectory``; pass it in ``config={"callbacks": [handler]}``.
 
-    Finished trajectories accumulate in ``trajectories``. One handler may serve many concurrent runs. Give it
-    ChatART recorders (``recorders=[llm.recorder]``) to also adopt calls that callbacks never saw.
+    Finished trajectories are in ``trajectories`` (assembled when read). One handler may serve many concurrent
+    runs. Give it ChatART recorders (``recorders=[llm.recorder]``) to also adopt calls that callbacks never saw.
     """
 
     run_inline = True  # called in the caller's thread/loop: ordering is exact and nothing is queued
@@ -94,13 +77,39 @@ class TrajectoryCallbackHandler(BaseCallbackHandler):
     def __init__(self, *, recorders: Iterable[TurnRecorder] = ()) -> None:
         self._lock = threading.RLock()
         self._runs: dict[UUID, _Run] = {}
-        self._active: dict[UUID, _Active] = {}
-        self._pending: dict[UUID, _Pending] = {}
-        self._tools: dict[UUID, ToolCallRecord] = {}
+        self._active: dict[UUID, RunRecord] = {}
+        self._calls: dict[UUID, CallRecord] = {}
+        self._tools: dict[UUID, ToolRecord] = {}
+        self._finished: list[RunRecord] = []
+        self._trajectories: list[Trajectory] = []
         self.recorders = list(recorders)
-        self.trajectories: list[Trajectory] = []
         self.errors = 0
-        self.unattributed_turns = 0
+
+    @property
+    def trajectories(self) -> list[Trajectory]:
+        """Every finished run, in the order they ended."""
+        with self._lock:
+            self._assemble()
+            return self._trajectories
+
+    def take(self) -> list[Trajectory]:
+        """Return the finished trajectories and forget them (for long-lived handlers)."""
+        with self._lock:
+            self._assemble()
+            finished, self._trajectories = self._trajectories, []
+            return finished
+
+    def _assemble(self) -> None:
+        while self._finished:
+            run = self._finished.pop(0)
+            try:
+                trajectory = assemble(run)
+                self._adopt_recorded(trajectory, run.overlapped)
+            except Exception:
+                self.errors += 1
+                log.exception("could not assemble the trajectory of run %s", run.id)
+                continue
+            self._trajectories.append(trajectory)
 
     # -- chains: graph runs and node invocations -------------------------------------------------------------
     @_guarded
@@ -123,17 +132,12 @@ class TrajectoryCallbackHandler(BaseCallbackHandler):
         namespace = metadata.get("langgraph_checkpoint_ns") or ""
         node = metadata.get("langgraph_node")
         span = parent.span
-        internal = str(node).startswith("__") or (tags is not None and _HIDDEN in tags)  # __start__ etc.
-        if node and namespace and namespace != parent.namespace and not internal:
-            span = NodeSpan(
-                id=str(run_id),
-                name=str(node),
-                step=metadata.get("langgraph_step"),
-                namespace=namespace,
-                parent_id=parent.span.id if parent.span else None,
-                start_time=time.time(),
-            )
-            self._active[parent.root].trajectory.spans.append(span)
+        if node and namespace and namespace != parent.namespace:
+            internal = str(node).startswith("__") or (tags is not None and _HIDDEN in tags)  # __start__ etc.
+            if not internal:
+                span = SpanRecord(str(run_id), str(node), metadata.get("langgraph_step"), namespace,
+                                  parent.span.id if parent.span else None, time.time())  # fmt: skip
+                self._active[parent.root].spans.append(span)
         self._track(run_id, _Run(parent.root, span, namespace or parent.namespace))
 
     @_guarded
@@ -142,7 +146,7 @@ class TrajectoryCallbackHandler(BaseCallbackHandler):
         if run is None:
             return
         if run.span is not None and run.span.id == str(run_id):
-            run.span.end_time = time.time()
+            run.span.end = time.time()
             if run.span.status == "running":
                 run.span.status = "ok"
         if run.root == run_id:
@@ -154,10 +158,11 @@ class TrajectoryCallbackHandler(BaseCallbackHandler):
         if run is None:
             return
         if run.span is not None and run.span.id == str(run_id):
-            run.span.end_time = time.time()
-            run.span.status = "interrupted" if is_control_flow(error) else "error"
-            if not is_control_flow(error):
-                run.span.error = f"{type(error).__name__}: {error}"
+            run.span.end = time.time()
+            if is_control_flow(error):
+                run.span.status = "interrupted"
+            else:
+                run.span.status, run.span.error = "error", f"{type(error).__name__}: {error}"
         if run.root == run_id:
             self._finish_root(run_id, None, error)
 
@@ -165,14 +170,7 @@ class TrajectoryCallbackHandler(BaseCallbackHandler):
         overlapping = bool(self._active)
         for other in self._active.values():
             other.overlapped = True
-        trajectory = Trajectory(
-            id=str(run_id),
-            name=name,
-            input=to_jsonable(inputs),
-            start_time=time.time(),
-            metadata={k: to_jsonable(v) for k, v in metadata.items()},
-        )
-        self._active[run_id] = _Active(trajectory=trajectory, overlapped=overlapping)
+        self._active[run_id] = RunRecord(str(run_id), name, inputs, metadata, time.time(), overlapped=overlapping)
         self._track(run_id, _Run(run_id, None, metadata.get("langgraph_checkpoint_ns") or ""))
 
     def _track(self, run_id: UUID, run: _Run) -> None:
@@ -180,27 +178,14 @@ class TrajectoryCallbackHandler(BaseCallbackHandler):
         self._active[run.root].runs.add(run_id)
 
     def _finish_root(self, run_id: UUID, outputs: Any, error: BaseException | None) -> None:
-        active = self._active.pop(run_id)
-        trajectory = active.trajectory
-        trajectory.end_time = time.time()
-        for leftover in active.runs:  # runs that never reported an end (cancelled tasks)
+        run = self._active.pop(run_id)
+        for leftover in run.runs:  # runs that never reported an end (cancelled tasks)
             self._runs.pop(leftover, None)
-            self._pending.pop(leftover, None)
+            self._calls.pop(leftover, None)
             self._tools.pop(leftover, None)
-        for span in trajectory.spans:
-            if span.status == "running":
-                span.status, span.end_time = "error", trajectory.end_time
-                span.error = span.error or "the run ended before this node finished (cancelled)"
-        if error is not None and not is_control_flow(error):
-            trajectory.status, trajectory.error = "failed", f"{type(error).__name__}: {error}"
-        elif error is not None or any(s.status == "interrupted" for s in trajectory.spans):
-            trajectory.status = "interrupted"
-        else:
-            trajectory.status = "ok"
-        if outputs is not None:
-            trajectory.output = to_jsonable(outputs)
-        self._adopt_recorded(active)
-        self.trajectories.append(trajectory)
+        failure = f"{type(error).__name__}: {error}" if error is not None and not is_control_flow(error) else None
+        run.finish(outputs, failure, interrupted=error is not None and failure is None)
+        self._finished.append(run)
 
     # -- chat model calls ------------------------------------------------------------------------------------
     @_guarded
@@ -217,67 +202,39 @@ class TrajectoryCallbackHandler(BaseCallbackHandler):
         parent = self._runs.get(parent_run_id) if parent_run_id is not None else None
         if parent is None:  # a chat model invoked on its own with this handler: a trajectory of one call
             self._start_root(run_id, kwargs.get("name"), {"messages": messages[0] if messages else []}, {})
+            parent = self._runs[run_id]
         else:
             self._track(run_id, _Run(parent.root, parent.span, parent.namespace))
         invocation = kwargs.get("invocation_params") or {}
-        self._pending[run_id] = _Pending(
-            messages=messages[0] if messages else [],
-            invocation=invocation,
-            metadata=metadata or {},
-            start=time.time(),
-            trainable=invocation.get("_type") == ART_LLM_TYPE,
-        )
+        call = CallRecord(str(run_id), messages[0] if messages else [], invocation, metadata or {}, time.time(),
+                          invocation.get("_type") == ART_LLM_TYPE)  # fmt: skip
+        self._calls[run_id] = call
+        (parent.span.calls if parent.span is not None else self._active[parent.root].calls).append(call)
 
     @_guarded
     def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
-        pending = self._pending.pop(run_id, None)
+        call = self._calls.pop(run_id, None)
         run = self._runs.pop(run_id, None)
-        if pending is None or run is None:
+        if call is None or run is None:
             return
-        active = self._active[run.root]
-        turns = build_turns(
-            messages=to_openai_messages(pending.messages, active.converted),
-            invocation=pending.invocation,
-            result=response,
-            metadata=pending.metadata,
-            start_time=pending.start,
-            end_time=time.time(),
-            trainable=pending.trainable,
-            run_id=str(run_id),
-        )
-        self._attach(active.trajectory, run.span, turns)
-        for recorder in self.recorders:
-            for call_id in {t.call_id for t in turns if t.call_id}:
-                recorder.claim(call_id)
+        call.end, call.response = time.time(), response
+        if self.recorders:
+            call_id = call_id_of(response)
+            for recorder in self.recorders:
+                if call_id:
+                    recorder.claim(call_id)
         if run.root == run_id:
             self._finish_root(run_id, None, None)
 
     @_guarded
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        pending = self._pending.pop(run_id, None)
+        call = self._calls.pop(run_id, None)
         run = self._runs.pop(run_id, None)
-        if pending is None or run is None:
+        if call is None or run is None:
             return
-        active = self._active[run.root]
-        turn = Turn(
-            id=str(run_id),
-            run_id=str(run_id),
-            start_time=pending.start,
-            messages=to_openai_messages(pending.messages, active.converted),
-            latency_s=time.time() - pending.start,
-            trainable=False,
-            error=f"{type(error).__name__}: {error}",
-            source="chat_art" if pending.trainable else "other",
-            node=pending.metadata.get("langgraph_node"),
-            step=pending.metadata.get("langgraph_step"),
-        )
-        self._attach(active.trajectory, run.span, [turn])
+        call.end, call.error = time.time(), f"{type(error).__name__}: {error}"
         if run.root == run_id:
             self._finish_root(run_id, None, error)
-
-    @staticmethod
-    def _attach(trajectory: Trajectory, span: NodeSpan | None, turns: list[Turn]) -> None:
-        (span.turns if span is not None else trajectory.root_turns).extend(turns)
 
     # -- tools -----------------------------------------------------------------------------------------------
     @_guarded
@@ -296,50 +253,37 @@ class TrajectoryCallbackHandler(BaseCallbackHandler):
             return
         self._track(run_id, _Run(parent.root, parent.span, parent.namespace))
         name = kwargs.get("name") or (serialized or {}).get("name") or "tool"
-        record = ToolCallRecord(
-            id=kwargs.get("tool_call_id"),
-            run_id=str(run_id),
-            name=str(name),
-            arguments=to_jsonable(inputs) if inputs is not None else input_str,
-            start_time=time.time(),
-        )
+        record = ToolRecord(kwargs.get("tool_call_id"), str(run_id), str(name),
+                            inputs if inputs is not None else input_str, time.time())  # fmt: skip
         self._tools[run_id] = record
-        trajectory = self._active[parent.root].trajectory
-        (parent.span.tool_calls if parent.span is not None else trajectory.root_tool_calls).append(record)
+        (parent.span.tools if parent.span is not None else self._active[parent.root].tools).append(record)
 
     @_guarded
     def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
         self._runs.pop(run_id, None)
         record = self._tools.pop(run_id, None)
         if record is not None:
-            record.end_time = time.time()
-            record.result = to_jsonable(getattr(output, "content", output))
+            record.end, record.output = time.time(), output
 
     @_guarded
     def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self._runs.pop(run_id, None)
         record = self._tools.pop(run_id, None)
         if record is not None:
-            record.end_time = time.time()
-            record.error = f"{type(error).__name__}: {error}"
+            record.end, record.error = time.time(), f"{type(error).__name__}: {error}"
 
     # -- calls callbacks never saw ---------------------------------------------------------------------------
-    def _adopt_recorded(self, active: _Active) -> None:
-        trajectory = active.trajectory
+    def _adopt_recorded(self, trajectory: Trajectory, overlapped: bool) -> None:
+        if not self.recorders:
+            return
         run_key = trajectory.metadata.get("langgraph_art_run")
+        end = trajectory.end_time or time.time()
+        window = (trajectory.start_time, end) if not overlapped else (end + 1, end)  # empty when runs overlapped
         for recorder in self.recorders:
-            end = trajectory.end_time or time.time()
-            window = (trajectory.start_time, end) if not active.overlapped else (end + 1, end)  # empty if shared
             for turn, by_metadata in recorder.take_unclaimed(run_key, *window):
                 turn.attribution = "metadata" if by_metadata else "time"
                 span = _span_for(trajectory, turn)
-                self._attach(trajectory, span, [turn])
-
-    def take(self) -> list[Trajectory]:
-        """Return the finished trajectories and forget them (for long-lived handlers)."""
-        with self._lock:
-            finished, self.trajectories = self.trajectories, []
-            return finished
+                (span.turns if span is not None else trajectory.root_turns).append(turn)
 
 
 def _span_for(trajectory: Trajectory, turn: Turn) -> NodeSpan | None:

@@ -83,6 +83,7 @@ def build_turns(
     *,
     messages: list[dict[str, Any]],
     invocation: dict[str, Any],
+    cache: dict[int, dict[str, Any]] | None = None,
     result: LLMResult,
     metadata: dict[str, Any],
     start_time: float,
@@ -103,13 +104,13 @@ def build_turns(
         meta = generation.message.response_metadata
         model = meta.get("model_name") or (result.llm_output or {}).get("model_name") or invocation.get("model")
         turns.append(
-            Turn(
-                id=uuid.uuid4().hex,
+            Turn.model_construct(  # values built here from trusted parts; validation would copy every message
+                id=f"{run_id}:{index}" if run_id else uuid.uuid4().hex,
                 run_id=run_id,
                 messages=messages,
                 tools=invocation.get("tools"),
                 params=sampling_params(invocation),
-                output=to_openai_message(generation.message),
+                output=_output_dict(generation.message, cache),
                 prompt_token_ids=info.get("prompt_token_ids"),
                 token_ids=[int(i) for i in ids] if has_ids else [],  # type: ignore[arg-type]
                 logprobs=[float(e["logprob"]) for e in entries] if has_ids else [],
@@ -125,9 +126,20 @@ def build_turns(
                 latency_s=end_time - start_time,
                 trainable=trainable and has_ids,
                 source="chat_art" if trainable else "other",
+                attribution="callback",
+                error=None,
             )
         )
     return turns
+
+
+def _output_dict(message: Any, cache: dict[int, dict[str, Any]] | None) -> dict[str, Any]:
+    """The sampled message as an OpenAI dict, remembered in ``cache`` (the same object reappears as the next
+    call's input and in the final state)."""
+    converted = to_openai_message(message)
+    if cache is not None:
+        cache[id(message)] = converted
+    return converted
 
 
 class TurnRecorder:

@@ -1,0 +1,182 @@
+"""Per-event cost of capture: TrajectoryCallbackHandler against no handler, a do-nothing handler (the floor set by
+LangChain's own callback dispatch) and Langfuse's CallbackHandler pointed at a local sink, on the same graph in the
+same run.
+
+    OMP_NUM_THREADS=1 python benchmarks/capture_overhead.py [--runs 200] [--loops 4]
+
+The graph is a tool-calling agent loop (model node -> ToolNode -> model ...) driven by a fake chat model, so the
+numbers are callback overhead, not inference. per-event cost = (time with handler - time without) / events.
+TrajectoryCallbackHandler keeps per-event work to dict/list operations and builds the Trajectory objects when
+they are first read; "+ assembly" includes that read, so it is the handler's whole cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.language_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage
+from langchain_core.tools import tool
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode, tools_condition
+
+from langgraph_art.capture.callbacks import TrajectoryCallbackHandler
+
+
+@tool
+def lookup(key: str) -> str:
+    """Look up a key."""
+    return f"value of {key}"
+
+
+def build_graph(loops: int) -> Any:
+    def messages() -> Any:
+        while True:
+            for i in range(loops):
+                yield AIMessage("", tool_calls=[{"name": "lookup", "args": {"key": f"k{i}"}, "id": f"c{i}"}])
+            yield AIMessage("done")
+
+    model = GenericFakeChatModel(messages=messages())
+
+    def agent(state: MessagesState) -> dict:
+        return {"messages": [model.invoke(state["messages"])]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", agent)
+    graph.add_node("tools", ToolNode([lookup]))
+    graph.add_edge(START, "agent")
+    graph.add_conditional_edges("agent", tools_condition)
+    graph.add_edge("tools", "agent")
+    return graph.compile()
+
+
+class DoNothing(BaseCallbackHandler):
+    """Receives every event and does nothing: what LangChain's dispatch alone costs."""
+
+    run_inline = True
+
+
+class Counter(BaseCallbackHandler):
+    run_inline = True
+
+    def __init__(self) -> None:
+        self.events = 0
+
+    def __getattribute__(self, name: str) -> Any:
+        if name.startswith("on_") and not name.startswith("on_retr"):
+            object.__setattr__(self, "events", object.__getattribute__(self, "events") + 1)
+            return lambda *a, **k: None
+        return object.__getattribute__(self, name)
+
+
+class Sink(BaseHTTPRequestHandler):
+    """Accepts whatever Langfuse sends (OTLP traces, scores) on 127.0.0.1."""
+
+    received = 0
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        Sink.received += 1
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def langfuse_handler(port: int) -> tuple[Any, Any]:
+    os.environ.update(
+        LANGFUSE_PUBLIC_KEY="pk-lf-bench",
+        LANGFUSE_SECRET_KEY="sk-lf-bench",
+        LANGFUSE_BASE_URL=f"http://127.0.0.1:{port}",
+        LANGFUSE_TRACING_ENVIRONMENT="bench",
+    )
+    from langfuse import Langfuse
+    from langfuse.langchain import CallbackHandler
+
+    client = Langfuse()
+    return CallbackHandler(), client
+
+
+def time_interleaved(graph: Any, runs: int, variants: dict[str, Any]) -> dict[str, float]:
+    """Median seconds per run for each variant; variants alternate run by run so drift hits them alike, and the
+    garbage collector is paused while timing (collected between rounds) so its pauses land on no one."""
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for i in range(runs):
+        if i % 20 == 0:
+            gc.collect()
+        for name, make in variants.items():
+            callbacks = make()  # a new handler per run, as rollouts do
+            gc.disable()
+            start = time.perf_counter()
+            graph.invoke({"messages": [("user", "go")]}, {"callbacks": callbacks})
+            if name.endswith("+ assembly"):
+                assert callbacks[0].trajectories  # reading them builds the Trajectory objects
+            times[name].append(time.perf_counter() - start)
+            gc.enable()
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--loops", type=int, default=4, help="tool calls per run")
+    args = parser.parse_args()
+    graph = build_graph(args.loops)
+    counter = Counter()
+    graph.invoke({"messages": [("user", "go")]}, {"callbacks": [counter]})
+    events = counter.events
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    lf_handler, lf_client = langfuse_handler(server.server_address[1])
+
+    captured: list[Any] = []
+
+    def ours() -> list[Any]:
+        handler = TrajectoryCallbackHandler()
+        captured.append(handler)
+        return [handler]
+
+    variants = {
+        "no handler": lambda: [],
+        "do-nothing handler (floor)": lambda: [DoNothing()],
+        "TrajectoryCallbackHandler": ours,
+        "TrajectoryCallbackHandler + assembly": lambda: [TrajectoryCallbackHandler()],
+        "Langfuse CallbackHandler": lambda: [lf_handler],
+    }
+    time_interleaved(graph, 10, variants)  # warm-up: imports, caches
+    results = time_interleaved(graph, args.runs, variants)
+    lf_client.flush()
+    base = results["no handler"]
+    assert captured[-1].trajectories and len(captured[-1].trajectories[0].spans) == 2 * args.loops + 1
+    print(
+        f"graph: {args.loops} tool loops, {events} callback events per run; {args.runs} runs per variant; "
+        f"Langfuse sink received {Sink.received} requests"
+    )
+    print("| handler | ms per run | µs per event | x floor |")
+    print("|---|---:|---:|---:|")
+    floor = (results["do-nothing handler (floor)"] - base) / events * 1e6
+    for name, per_run in results.items():
+        per_event = (per_run - base) / events * 1e6
+        ratio = f"{per_event / floor:.1f}" if name != "no handler" else "-"
+        print(f"| {name} | {per_run * 1e3:.2f} | {per_event:.1f} | {ratio} |")
+    lf_cost = (results["Langfuse CallbackHandler"] - base) / events * 1e6
+    for name in ("TrajectoryCallbackHandler", "TrajectoryCallbackHandler + assembly"):
+        cost = (results[name] - base) / events * 1e6
+        print(f"{name}: 1/{lf_cost / cost:.0f} of Langfuse's per-event cost, {cost / floor:.1f}x the floor")
+    server.shutdown()
+
+
+if __name__ == "__main__":
+    main()
