@@ -31,6 +31,9 @@ _LAZY = {
     "agather_groups": "langgraph_art.capture.rollout",
     "RolloutError": "langgraph_art.capture.rollout",
     "TrajectoryStore": "langgraph_art.store",
+    "TrainableModel": "langgraph_art.service",
+    "LocalBackend": "langgraph_art.service",
+    "RemoteBackend": "langgraph_art.service",
     "Turn": "langgraph_art.types",
     "ToolCallRecord": "langgraph_art.types",
     "NodeSpan": "langgraph_art.types",
@@ -52,6 +55,7 @@ if TYPE_CHECKING:
     from langgraph_art.serve.app import create_app
     from langgraph_art.serve.embedded import EmbeddedServer, start_embedded_server
     from langgraph_art.serve.engines.hf import HFEngine
+    from langgraph_art.service import LocalBackend, RemoteBackend, TrainableModel
     from langgraph_art.store import TrajectoryStore
     from langgraph_art.types import NodeSpan, ToolCallRecord, Trajectory, TrajectoryGroup, Turn
 
@@ -78,11 +82,14 @@ __all__ = [
     "EngineNotReadyError",
     "HFEngine",
     "LangGraphArtError",
+    "LocalBackend",
     "ModelNotFoundError",
     "NodeSpan",
+    "RemoteBackend",
     "RequestError",
     "RolloutError",
     "ToolCallRecord",
+    "TrainableModel",
     "Trajectory",
     "TrajectoryCallbackHandler",
     "TrajectoryGroup",

@@ -59,6 +59,8 @@ class ChatART(ChatOpenAI):
             values["model"] = served["model"]
             values.setdefault("base_url", served["base_url"])
             values.setdefault("api_key", served.get("api_key") or "unused")
+            if served.get("recorder") is not None:
+                values.setdefault("recorder", served["recorder"])
         elif model is not None and not isinstance(model, str):
             raise ConfigError(f"ChatART(model=...) takes a model name or a TrainableModel, got {type(model).__name__}")
         if not (values.get("base_url") or values.get("openai_api_base")) and os.environ.get(ENV_BASE_URL):

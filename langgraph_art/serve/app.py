@@ -44,6 +44,10 @@ class AdapterLoad(BaseModel):
     path: str
 
 
+class PolicyRegistration(BaseModel):
+    name: str
+
+
 def create_app(engine: Engine, *, api_key: str | None = None) -> FastAPI:
     """Build the app. The engine starts loading when the app starts; until it is ready, requests get 503."""
     state: dict[str, Any] = {"error": None, "token_text": None}
@@ -67,6 +71,8 @@ def create_app(engine: Engine, *, api_key: str | None = None) -> FastAPI:
 
     app = FastAPI(title="langgraph-art inference service", lifespan=lifespan)
     app.state.engine = engine
+    policies: set[str] = set()  # trainable model names: served by the base model until their first checkpoint
+    app.state.policies = policies
 
     def ready() -> TokenText:
         if state["error"]:
@@ -121,6 +127,19 @@ def create_app(engine: Engine, *, api_key: str | None = None) -> FastAPI:
             )
         return {"object": "list", "data": data}
 
+    @app.get("/v1/policies")
+    async def list_policies() -> dict[str, Any]:
+        return {"data": [{"name": n, "serves": resolve_adapter(engine, n, policies) or engine.base_model}
+                         for n in sorted(policies)]}  # fmt: skip
+
+    @app.post("/v1/policies")
+    async def register_policy(body: PolicyRegistration) -> dict[str, Any]:
+        ready()
+        if "@" in body.name or body.name == engine.base_model:
+            raise RequestError("a policy name is a plain name like 'agent-001' (no '@', not the base model)", "name")
+        policies.add(body.name)
+        return {"name": body.name, "serves": resolve_adapter(engine, body.name, policies) or engine.base_model}
+
     @app.get("/v1/adapters")
     async def list_adapters() -> dict[str, Any]:
         ready()
@@ -144,7 +163,7 @@ def create_app(engine: Engine, *, api_key: str | None = None) -> FastAPI:
     async def chat_completions(body: ChatCompletionRequest) -> Any:
         token_text = ready()
         body.check_supported()
-        adapter = resolve_adapter(engine, body.model)
+        adapter = resolve_adapter(engine, body.model, policies)
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
         prompt = render_prompt(engine.tokenizer, body.template_messages(), tools)
         call_id = uuid.uuid4().hex
@@ -154,7 +173,7 @@ def create_app(engine: Engine, *, api_key: str | None = None) -> FastAPI:
             events = engine.stream(request)
             first = await anext(aiter(events))  # errors before the first token still become proper 4xx/5xx
             return StreamingResponse(
-                _sse(body, events, first, engine, token_text, call_id, prompt),
+                _sse(body, events, first, engine, token_text, call_id, prompt, adapter or body.model),
                 media_type="text/event-stream",
                 headers=headers,
             )
@@ -164,8 +183,12 @@ def create_app(engine: Engine, *, api_key: str | None = None) -> FastAPI:
     return app
 
 
-def resolve_adapter(engine: Engine, model: str) -> str | None:
-    """``None`` for the base model, the adapter name otherwise; ``"agent"`` means its latest ``"agent@N"``."""
+def resolve_adapter(engine: Engine, model: str, policies: set[str] | frozenset[str] = frozenset()) -> str | None:
+    """``None`` for the base model, the adapter name otherwise.
+
+    ``"agent"`` means its latest loaded ``"agent@N"``; a registered policy name with no checkpoint yet means the
+    base model (a trainable model starts as its base model).
+    """
     if model == engine.base_model:
         return None
     loaded = engine.adapters()
@@ -174,9 +197,11 @@ def resolve_adapter(engine: Engine, model: str) -> str | None:
     steps = [(int(n.rsplit("@", 1)[1]), n) for n in loaded if n.rsplit("@", 1)[0] == model and "@" in n]
     if steps:
         return max(steps)[1]
+    if model in policies:
+        return None
     raise ModelNotFoundError(
-        f"model {model!r} is not served; available: {[engine.base_model, *sorted(loaded)]}"
-        " (load an adapter with POST /v1/adapters)"
+        f"model {model!r} is not served; available: {[engine.base_model, *sorted(policies), *sorted(loaded)]}"
+        " (load an adapter with POST /v1/adapters, or register a policy with POST /v1/policies)"
     )
 
 
@@ -225,13 +250,14 @@ async def _sse(
     token_text: TokenText,
     call_id: str,
     prompt_ids: list[int],
+    served: str,
 ) -> AsyncIterator[str]:
     created = int(time.time())
     base = {
         "id": f"chatcmpl-{call_id}",
         "object": "chat.completion.chunk",
         "created": created,
-        "model": resolve_adapter(engine, body.model) or body.model,
+        "model": served,  # the adapter that answers: "agent" resolves to "agent@7"
     }
     tools = body.tools_enabled()
     texts = [StreamedText(engine.tokenizer, body.sampling_params().stop, tools) for _ in range(body.n)]

@@ -1,0 +1,136 @@
+"""The user-facing shape: a ``TrainableModel`` registered with a backend that serves it.
+
+``LocalBackend`` runs the inference service embedded in this process (a uvicorn thread on a loopback port, one
+per base model); ``RemoteBackend`` talks to a ``langgraph-art serve`` elsewhere. Either way
+``ChatART(model=trainable_model)`` serves the model's current policy: its latest checkpoint, or the base model
+before the first one. (Training through the backend arrives with the GRPO trainer.)
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+from pydantic import BaseModel, PrivateAttr, field_validator
+
+from langgraph_art.capture.recorder import TurnRecorder
+from langgraph_art.errors import ConfigError
+from langgraph_art.store import TrajectoryStore, default_home
+
+_PLAIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class Backend(Protocol):
+    def register(self, model: TrainableModel) -> None: ...
+
+    def chat_model_settings(self, model: TrainableModel) -> dict[str, Any]: ...
+
+
+class TrainableModel(BaseModel):
+    """A model that learns: ``name`` (served as ``name`` and ``name@step``), ``project`` (where its data lives)
+    and ``base_model`` (``"tiny"``, a hub id or a local folder)."""
+
+    name: str
+    project: str
+    base_model: str = "tiny"
+    _backend: Backend | None = PrivateAttr(default=None)
+    _recorder: TurnRecorder = PrivateAttr(default_factory=TurnRecorder)
+
+    @field_validator("name", "project")
+    @classmethod
+    def _plain(cls, value: str) -> str:
+        if not _PLAIN.match(value):
+            raise ValueError(
+                f"{value!r}: use letters, digits, '.', '_' or '-' (no '@' or '/'; the step is added as name@step)"
+            )
+        return value
+
+    def register(self, backend: Backend) -> TrainableModel:
+        """Attach to a backend (``LocalBackend()`` or ``RemoteBackend(url)``); the model is servable after this."""
+        backend.register(self)
+        self._backend = backend
+        return self
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            raise ConfigError(f"model {self.name!r} is not registered: call model.register(art.LocalBackend()) first")
+        return self._backend
+
+    @property
+    def recorder(self) -> TurnRecorder:
+        """Shared by every ChatART of this model, so one handler can adopt all their unseen calls."""
+        return self._recorder
+
+    def chat_model_settings(self) -> dict[str, Any]:
+        """What ``ChatART(model=self)`` needs: base_url, api_key, model name, recorder."""
+        return {**self.backend.chat_model_settings(self), "model": self.name, "recorder": self._recorder}
+
+
+class LocalBackend:
+    """The embedded service: one in-process inference server per base model, started on first registration."""
+
+    def __init__(self, *, home: str | Path | None = None, device: str | None = None, max_batch_size: int = 64) -> None:
+        self.home = Path(home) if home is not None else default_home()
+        self._engine_kwargs: dict[str, Any] = {"device": device, "max_batch_size": max_batch_size}
+        self._servers: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def server(self, base_model: str) -> Any:
+        """The running embedded server for ``base_model`` (started on first use)."""
+        from langgraph_art.serve.embedded import EmbeddedServer
+
+        with self._lock:
+            server = self._servers.get(base_model)
+            if server is None:
+                server = EmbeddedServer(base_model, served_name=base_model, **self._engine_kwargs).start()
+                self._servers[base_model] = server
+            return server
+
+    def register(self, model: TrainableModel) -> None:
+        _register_policy(self.server(model.base_model).base_url, None, model.name)
+
+    def chat_model_settings(self, model: TrainableModel) -> dict[str, Any]:
+        return {"base_url": self.server(model.base_model).base_url, "api_key": "unused"}
+
+    def store(self, model: TrainableModel) -> TrajectoryStore:
+        return TrajectoryStore.for_project(model.project, self.home)
+
+    def close(self) -> None:
+        with self._lock:
+            for server in self._servers.values():
+                server.stop()
+            self._servers.clear()
+
+    def __enter__(self) -> LocalBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RemoteBackend:
+    """A client of ``langgraph-art serve`` at ``base_url`` (``http://host:8000/v1``), for rollouts on many machines."""
+
+    def __init__(self, base_url: str, api_key: str | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+
+    def register(self, model: TrainableModel) -> None:
+        _register_policy(self.base_url, self.api_key, model.name)
+
+    def chat_model_settings(self, model: TrainableModel) -> dict[str, Any]:
+        return {"base_url": self.base_url, "api_key": self.api_key or "unused"}
+
+
+def _register_policy(base_url: str, api_key: str | None, name: str) -> None:
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx.post(f"{base_url}/policies", json={"name": name}, headers=headers, timeout=30)
+    except httpx.TransportError as exc:
+        raise ConfigError(f"cannot reach the langgraph-art service at {base_url}: {exc}") from exc
+    if response.status_code != 200:
+        raise ConfigError(f"the service at {base_url} refused policy {name!r}: {response.text}")
