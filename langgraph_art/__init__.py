@@ -17,6 +17,7 @@ from langgraph_art.errors import (
     LangGraphArtError,
     ModelNotFoundError,
     RequestError,
+    RewardError,
 )
 
 __version__ = "0.1.0"
@@ -31,6 +32,12 @@ _LAZY = {
     "agather_groups": "langgraph_art.capture.rollout",
     "RolloutError": "langgraph_art.capture.rollout",
     "TrajectoryStore": "langgraph_art.store",
+    "reward": "langgraph_art.rewards.decorators",
+    "RewardFunction": "langgraph_art.rewards.decorators",
+    "RulerJudge": "langgraph_art.rewards.judge",
+    "score_groups": "langgraph_art.rewards.combine",
+    "ascore_groups": "langgraph_art.rewards.combine",
+    "RewardReport": "langgraph_art.rewards.combine",
     "TrainableModel": "langgraph_art.service",
     "LocalBackend": "langgraph_art.service",
     "RemoteBackend": "langgraph_art.service",
@@ -52,6 +59,9 @@ if TYPE_CHECKING:
     from langgraph_art.capture.recorder import TurnRecorder
     from langgraph_art.capture.rollout import RolloutError, agather_groups, arollout, gather_groups, rollout
     from langgraph_art.models.tiny import tiny_model
+    from langgraph_art.rewards.combine import RewardReport, ascore_groups, score_groups
+    from langgraph_art.rewards.decorators import RewardFunction, reward
+    from langgraph_art.rewards.judge import RulerJudge
     from langgraph_art.serve.app import create_app
     from langgraph_art.serve.embedded import EmbeddedServer, start_embedded_server
     from langgraph_art.serve.engines.hf import HFEngine
@@ -87,7 +97,11 @@ __all__ = [
     "NodeSpan",
     "RemoteBackend",
     "RequestError",
+    "RewardError",
+    "RewardFunction",
+    "RewardReport",
     "RolloutError",
+    "RulerJudge",
     "ToolCallRecord",
     "TrainableModel",
     "Trajectory",
@@ -99,9 +113,12 @@ __all__ = [
     "__version__",
     "agather_groups",
     "arollout",
+    "ascore_groups",
     "create_app",
     "gather_groups",
+    "reward",
     "rollout",
+    "score_groups",
     "start_embedded_server",
     "tiny_model",
 ]

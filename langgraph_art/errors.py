@@ -43,3 +43,7 @@ class AdapterError(LangGraphArtError):
 
 class EngineNotReadyError(LangGraphArtError):
     """The inference engine is still loading or has been closed (HTTP 503)."""
+
+
+class RewardError(LangGraphArtError):
+    """A reward function or judge produced something unusable; the message names it, the value and the run."""

@@ -99,6 +99,7 @@ class Trajectory(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     reward: float | None = None
     rewards: dict[str, float] = Field(default_factory=dict)
+    explanations: dict[str, str] = Field(default_factory=dict)
     _final_state: Any = PrivateAttr(default=None)
 
     @property

@@ -1,0 +1,1 @@
+"""Rewards: ``@reward`` functions, the group-relative ``RulerJudge``, and their combination."""

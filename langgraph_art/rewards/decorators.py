@@ -1,0 +1,212 @@
+"""``@reward``: turn a plain function into a reward, with its parameters injected by name.
+
+Injectable parameters: ``state`` (the graph's final state, Python objects), ``trajectory``, ``scenario`` (the
+scenario dict: input plus reference data), ``metadata`` (the run's metadata), ``span`` (for ``node=`` rewards:
+the node invocation being scored) and ``group`` (a group-level reward: called once per group, returns one value
+per trajectory, as a list in group order or a dict by trajectory id).
+
+A reward returns a number, a bool, ``None`` (abstains for this run) or a dict of named sub-scores (its value is
+their mean). NaN, infinity or another type raise ``RewardError`` naming the function, the value and the run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, overload
+
+from langgraph_art.errors import ConfigError, RewardError
+from langgraph_art.types import NodeSpan, Trajectory, TrajectoryGroup
+
+OnError = Literal["raise", "abstain", "zero"]
+INJECTABLE = frozenset({"state", "trajectory", "scenario", "metadata", "span", "group"})
+
+
+@dataclass(frozen=True)
+class Score:
+    """One reward's verdict on one run (or one span): ``value`` (None = abstained) and named sub-scores."""
+
+    value: float | None
+    parts: Mapping[str, float]
+    explanation: str | None = None
+    error: str | None = None
+
+
+def check_value(value: Any, where: str) -> Score:
+    """Validate what a reward returned; ``where`` names the function and the run for the error message."""
+    if value is None:
+        return Score(None, {})
+    if isinstance(value, bool):
+        return Score(float(value), {})
+    if isinstance(value, int | float):
+        if not math.isfinite(value):
+            raise RewardError(f"{where} returned {value!r}; rewards must be finite numbers (or None to abstain)")
+        return Score(float(value), {})
+    if isinstance(value, Mapping):
+        parts = {}
+        for key, sub in value.items():
+            if isinstance(sub, bool):
+                sub = float(sub)
+            if not isinstance(sub, int | float) or not math.isfinite(sub):
+                raise RewardError(f"{where} returned sub-score {key!r}={sub!r}; sub-scores must be finite numbers")
+            parts[str(key)] = float(sub)
+        if not parts:
+            return Score(None, {})
+        return Score(sum(parts.values()) / len(parts), parts)
+    raise RewardError(
+        f"{where} returned {value!r} of type {type(value).__name__}; return a number, a bool, None or a dict of "
+        "named numbers"
+    )
+
+
+class RewardFunction:
+    """A reward function with its options; call ``ascore_group`` to score a whole group."""
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        *,
+        name: str | None = None,
+        weight: float = 1.0,
+        node: str | None = None,
+        on_error: OnError = "raise",
+    ) -> None:
+        if not callable(fn):
+            raise ConfigError(f"@reward decorates a function, got {fn!r}")
+        if not math.isfinite(weight):
+            raise ConfigError(f"weight must be a finite number, got {weight!r}")
+        if on_error not in ("raise", "abstain", "zero"):
+            raise ConfigError(f"on_error must be 'raise', 'abstain' or 'zero', got {on_error!r}")
+        self.fn = fn
+        self.name = name or fn.__name__
+        self.weight = float(weight)
+        self.node = node
+        self.on_error: OnError = on_error
+        self.params = list(inspect.signature(fn).parameters)
+        unknown = [p for p in self.params if p not in INJECTABLE]
+        if unknown:
+            raise ConfigError(
+                f"reward {self.name!r} asks for {unknown}; rewards can take: {sorted(INJECTABLE)} (by name)"
+            )
+        if "group" in self.params and (node is not None or "span" in self.params):
+            raise ConfigError(f"reward {self.name!r}: a group-level reward cannot also be a node= reward")
+        if "span" in self.params and node is None:
+            raise ConfigError(f"reward {self.name!r} takes 'span': give it node='<node name>' to say which spans")
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.group_level = "group" in self.params
+
+    def __repr__(self) -> str:
+        return f"RewardFunction({self.name!r}, weight={self.weight}, node={self.node!r})"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Still callable as the plain function."""
+        return self.fn(*args, **kwargs)
+
+    async def _call(self, where: str, **available: Any) -> Any:
+        kwargs = {p: available.get(p) for p in self.params}
+        if self.is_async:
+            return await self.fn(**kwargs)
+        return self.fn(**kwargs)
+
+    async def _guarded(self, where: str, **available: Any) -> Any:
+        try:
+            return await self._call(where, **available)
+        except Exception as exc:
+            if self.on_error == "raise":
+                raise RewardError(f"{where} raised {type(exc).__name__}: {exc}") from exc
+            return _Failed(f"{type(exc).__name__}: {exc}")
+
+    def _score(self, value: Any, where: str) -> Score:
+        if isinstance(value, _Failed):
+            return Score(0.0 if self.on_error == "zero" else None, {}, error=value.error)
+        return check_value(value, where)
+
+    async def ascore_group(self, group: TrajectoryGroup) -> dict[str, Score]:
+        """Scores by trajectory id (for ``node=`` rewards: by span id)."""
+        runs = group.completed()
+        if self.group_level:
+            where = f"reward {self.name!r} on group {group.id}"
+            values = await self._guarded(where, group=group, scenario=group.scenario)
+            if isinstance(values, _Failed):
+                return {t.id: self._score(values, where) for t in runs}
+            return {t.id: self._score(v, f"{where}, run {t.id}") for t, v in _align(values, runs, where)}
+        jobs: list[tuple[str, Any]] = []
+        for trajectory in runs:
+            for key, span in _targets(trajectory, self.node):
+                where = f"reward {self.name!r} on run {trajectory.id}" + (f", node {span.name}" if span else "")
+                jobs.append(
+                    (
+                        key,
+                        self._guarded(
+                            where,
+                            state=trajectory.final_state,
+                            trajectory=trajectory,
+                            scenario=group.scenario,
+                            metadata=trajectory.metadata,
+                            span=span,
+                        ),
+                    )
+                )
+        results = await asyncio.gather(*(job for _, job in jobs))  # async rewards run concurrently
+        return {
+            key: self._score(value, f"reward {self.name!r} on {key}")
+            for (key, _), value in zip(jobs, results, strict=True)
+        }
+
+
+@dataclass(frozen=True)
+class _Failed:
+    error: str
+
+
+def _targets(trajectory: Trajectory, node: str | None) -> list[tuple[str, NodeSpan | None]]:
+    if node is None:
+        return [(trajectory.id, None)]
+    return [(span.id, span) for span in trajectory.spans if span.name == node]
+
+
+def _align(values: Any, runs: list[Trajectory], where: str) -> list[tuple[Trajectory, Any]]:
+    if isinstance(values, Mapping):
+        missing = [t.id for t in runs if t.id not in values]
+        if missing:
+            raise RewardError(f"{where} returned no value for runs {missing}; return one per trajectory id")
+        return [(t, values[t.id]) for t in runs]
+    if isinstance(values, list | tuple) and len(values) == len(runs):
+        return list(zip(runs, values, strict=True))
+    raise RewardError(
+        f"{where} returned {values!r:.200}; a group-level reward returns a list with one value per completed run "
+        f"({len(runs)}, in group.completed() order) or a dict by trajectory id"
+    )
+
+
+@overload
+def reward(fn: Callable[..., Any], /) -> RewardFunction: ...
+
+
+@overload
+def reward(
+    *, name: str | None = None, weight: float = 1.0, node: str | None = None, on_error: OnError = "raise"
+) -> Callable[[Callable[..., Any]], RewardFunction]: ...
+
+
+def reward(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    weight: float = 1.0,
+    node: str | None = None,
+    on_error: OnError = "raise",
+) -> Any:
+    """Declare a reward: ``@reward`` or ``@reward(name=..., weight=..., node=..., on_error=...)``.
+
+    ``on_error`` says what happens when the function raises: ``"raise"`` (default: a ``RewardError`` naming the
+    function and the run), ``"abstain"`` (counts as None for that run) or ``"zero"`` (scores 0). Either way the
+    error is reported in the scoring report.
+    """
+    if fn is not None:
+        return RewardFunction(fn)
+    return lambda f: RewardFunction(f, name=name, weight=weight, node=node, on_error=on_error)
