@@ -39,6 +39,8 @@ _LAZY = {
     "ascore_groups": "langgraph_art.rewards.combine",
     "RewardReport": "langgraph_art.rewards.combine",
     "TrainableModel": "langgraph_art.service",
+    "Trainer": "langgraph_art.loop",
+    "GRPOConfig": "langgraph_art.config",
     "LocalBackend": "langgraph_art.service",
     "RemoteBackend": "langgraph_art.service",
     "Turn": "langgraph_art.types",
@@ -58,6 +60,8 @@ if TYPE_CHECKING:
     from langgraph_art.capture.chat_model import ChatART
     from langgraph_art.capture.recorder import TurnRecorder
     from langgraph_art.capture.rollout import RolloutError, agather_groups, arollout, gather_groups, rollout
+    from langgraph_art.config import GRPOConfig
+    from langgraph_art.loop import Trainer
     from langgraph_art.models.tiny import tiny_model
     from langgraph_art.rewards.combine import RewardReport, ascore_groups, score_groups
     from langgraph_art.rewards.decorators import RewardFunction, reward
@@ -90,6 +94,7 @@ __all__ = [
     "ContextLengthError",
     "EmbeddedServer",
     "EngineNotReadyError",
+    "GRPOConfig",
     "HFEngine",
     "LangGraphArtError",
     "LocalBackend",
@@ -104,6 +109,7 @@ __all__ = [
     "RulerJudge",
     "ToolCallRecord",
     "TrainableModel",
+    "Trainer",
     "Trajectory",
     "TrajectoryCallbackHandler",
     "TrajectoryGroup",

@@ -71,13 +71,69 @@ class TrainableModel(BaseModel):
 
 
 class LocalBackend:
-    """The embedded service: one in-process inference server per base model, started on first registration."""
+    """The embedded service: one in-process inference server per base model, started on first registration, and
+    one GRPO trainer per trainable model, whose checkpoints are hot-loaded into the server as ``name@step``."""
 
-    def __init__(self, *, home: str | Path | None = None, device: str | None = None, max_batch_size: int = 64) -> None:
+    def __init__(
+        self,
+        *,
+        home: str | Path | None = None,
+        device: str | None = None,
+        max_batch_size: int = 64,
+        keep_loaded: int = 4,
+    ) -> None:
         self.home = Path(home) if home is not None else default_home()
+        self.device = device
+        self.keep_loaded = keep_loaded
         self._engine_kwargs: dict[str, Any] = {"device": device, "max_batch_size": max_batch_size}
         self._servers: dict[str, Any] = {}
+        self._trainers: dict[str, Any] = {}
         self._lock = threading.Lock()
+
+    def checkpoint_dir(self, model: TrainableModel) -> Path:
+        return self.home / model.project / "checkpoints" / model.name
+
+    def run_dir(self, model: TrainableModel) -> Path:
+        return self.home / model.project / "runs" / model.name
+
+    def trainer(self, model: TrainableModel, config: Any = None) -> Any:
+        """The model's ``GRPOTrainer`` (created on first use; resumes from its latest checkpoint)."""
+        from langgraph_art.train.trainer import GRPOTrainer
+
+        with self._lock:
+            trainer = self._trainers.get(model.name)
+            if trainer is None:
+                trainer = GRPOTrainer(
+                    model.base_model, config, checkpoint_dir=self.checkpoint_dir(model), device=self.device
+                )
+                self._trainers[model.name] = trainer
+            return trainer
+
+    def current_step(self, model: TrainableModel) -> int:
+        from langgraph_art.train import checkpoint
+
+        return checkpoint.latest_step(self.checkpoint_dir(model)) or 0
+
+    def train_step(self, model: TrainableModel, groups: Any, config: Any = None) -> Any:
+        """One GRPO step; when the weights changed, save checkpoint ``step`` and serve it as ``name@step``."""
+        trainer = self.trainer(model, config)
+        result = trainer.step(groups)
+        if result.updated:
+            folder = trainer.save_checkpoint()
+            self._serve(model, result.step, folder)
+        return result
+
+    def _serve(self, model: TrainableModel, step: int, folder: Path) -> None:
+        base_url = self.server(model.base_model).base_url
+        response = httpx.post(
+            f"{base_url}/adapters", json={"name": f"{model.name}@{step}", "path": str(folder)}, timeout=120
+        )
+        if response.status_code != 200:
+            raise ConfigError(f"the service could not load checkpoint {folder}: {response.text}")
+        loaded = httpx.get(f"{base_url}/adapters", timeout=30).json()["data"]
+        steps = sorted(int(a["name"].rsplit("@", 1)[1]) for a in loaded if a["name"].startswith(f"{model.name}@"))
+        for old in steps[: max(0, len(steps) - self.keep_loaded)]:  # older steps stay on disk
+            httpx.delete(f"{base_url}/adapters/{model.name}@{old}", timeout=30)
 
     def server(self, base_model: str) -> Any:
         """The running embedded server for ``base_model`` (started on first use)."""
@@ -92,6 +148,11 @@ class LocalBackend:
 
     def register(self, model: TrainableModel) -> None:
         _register_policy(self.server(model.base_model).base_url, None, model.name)
+        from langgraph_art.train import checkpoint
+
+        step = checkpoint.latest_step(self.checkpoint_dir(model))
+        if step is not None:  # a model trained before: serve where it left off
+            self._serve(model, step, checkpoint.step_dir(self.checkpoint_dir(model), step))
 
     def chat_model_settings(self, model: TrainableModel) -> dict[str, Any]:
         return {"base_url": self.server(model.base_model).base_url, "api_key": "unused"}

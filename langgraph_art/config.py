@@ -1,0 +1,75 @@
+"""Training configuration, validated with messages that say how to fix a bad value (TRL's field names where the
+concept matches)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+from langgraph_art.errors import ConfigError
+
+
+class GRPOConfig(BaseModel):
+    """Hyper-parameters of the GRPO step and the LoRA it trains."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    learning_rate: float = 1e-5
+    num_generations: int = 8
+    beta: float = 0.0
+    epsilon: float = 0.2
+    epsilon_high: float | None = None
+    loss_type: Literal["grpo", "dr_grpo", "bnpo", "cispo", "gspo"] = "grpo"
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    max_grad_norm: float = 1.0
+    weight_decay: float = 0.0
+    per_device_train_batch_size: int = 8
+    max_length: int = 4096
+    lora_r: int = 8
+    lora_alpha: int = 16
+    lora_dropout: float = 0.0
+    target_modules: list[str] | str = "all-linear"
+    trainable_nodes: list[str] | None = None
+    save_total_limit: int = 3
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> GRPOConfig:
+        problems = []
+        if not 0 < self.learning_rate < 1:
+            problems.append(
+                f"learning_rate={self.learning_rate}: use a small positive value like 1e-5 (LoRA on a "
+                "real model) or 1e-2 (the tiny model)"
+            )
+        if self.num_generations < 2:
+            problems.append(f"num_generations={self.num_generations}: GRPO compares runs of one scenario; use >= 2")
+        if self.beta < 0:
+            problems.append(f"beta={self.beta}: the KL coefficient must be >= 0 (0 disables the reference model)")
+        if not 0 < self.epsilon < 1:
+            problems.append(f"epsilon={self.epsilon}: the clip range must be in (0, 1), typically 0.2")
+        if self.epsilon_high is not None and self.epsilon_high < self.epsilon:
+            problems.append(
+                f"epsilon_high={self.epsilon_high} < epsilon={self.epsilon}: epsilon_high widens the "
+                "upper clip (DAPO), it must be >= epsilon"
+            )
+        if self.loss_type == "gspo" and self.epsilon > 0.01:
+            problems.append(
+                f"loss_type='gspo' with epsilon={self.epsilon}: sequence-level ratios need a tiny clip "
+                "range, e.g. epsilon=3e-4, epsilon_high=4e-4"
+            )
+        if self.max_grad_norm <= 0:
+            problems.append(f"max_grad_norm={self.max_grad_norm}: must be > 0 (e.g. 1.0)")
+        if self.per_device_train_batch_size < 1:
+            problems.append("per_device_train_batch_size must be >= 1 (sequences per micro-batch)")
+        if self.max_length < 16:
+            problems.append(f"max_length={self.max_length}: too short to hold a prompt and an answer")
+        if self.lora_r < 1 or self.lora_alpha < 1:
+            problems.append(f"lora_r={self.lora_r}, lora_alpha={self.lora_alpha}: both must be >= 1 (e.g. 8 and 16)")
+        if not 0 <= self.lora_dropout < 1:
+            problems.append(f"lora_dropout={self.lora_dropout}: must be in [0, 1)")
+        if self.save_total_limit < 1:
+            problems.append("save_total_limit must be >= 1 (checkpoints kept besides pinned ones)")
+        if problems:
+            raise ConfigError("invalid GRPOConfig: " + "; ".join(problems))
+        return self

@@ -1,0 +1,181 @@
+"""``Trainer``: the training loop a user calls — rollouts -> rewards -> GRPO step -> checkpoint -> hot reload.
+
+Each step gathers ``num_generations`` runs of the next scenarios with the current policy, stores them, scores
+them, trains one LoRA update and serves the new checkpoint as ``name@step``; the next step's runs use it.
+Metrics go to ``<home>/<project>/runs/<name>/metrics.jsonl`` (one line per step) and the reward curve to
+``reward_curve.png`` beside it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import statistics
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from langchain_core.runnables import Runnable
+
+from langgraph_art.capture.rollout import gather_groups
+from langgraph_art.config import GRPOConfig
+from langgraph_art.errors import ConfigError
+from langgraph_art.rewards.combine import score_groups
+from langgraph_art.service import LocalBackend, TrainableModel
+
+log = logging.getLogger(__name__)
+
+
+class Trainer:
+    """Train ``model`` on runs of ``graph`` (whose LLM is ``ChatART(model=model)``) scored by ``rewards``."""
+
+    def __init__(
+        self,
+        graph: Runnable,
+        model: TrainableModel,
+        *,
+        rewards: Sequence[Any],
+        num_generations: int = 8,
+        config: GRPOConfig | None = None,
+        scenarios_per_step: int = 1,
+        max_concurrency: int = 8,
+    ) -> None:
+        if not rewards:
+            raise ConfigError("Trainer needs at least one reward: rewards=[my_reward_fn, art.RulerJudge(...)]")
+        if not isinstance(model.backend, LocalBackend):
+            raise ConfigError("training runs in a LocalBackend for now; RemoteBackend serves rollouts only")
+        self.graph, self.model, self.rewards = graph, model, list(rewards)
+        self.config = (config or GRPOConfig()).model_copy(update={"num_generations": num_generations})
+        self.scenarios_per_step, self.max_concurrency = scenarios_per_step, max_concurrency
+        self.backend: LocalBackend = model.backend
+        self.store = self.backend.store(model)
+        self.run_id = uuid.uuid4().hex[:12]
+        self.history: list[dict[str, float]] = []
+
+    @property
+    def run_dir(self) -> Path:
+        return self.backend.run_dir(self.model)
+
+    def train(self, scenarios: Sequence[Mapping[str, Any]], steps: int, *, progress: bool = True) -> list[dict]:
+        """Run ``steps`` training steps over ``scenarios`` (cycled); returns the metrics of each step."""
+        if steps < 1:
+            raise ConfigError(f"steps must be >= 1, got {steps}")
+        if not scenarios:
+            raise ConfigError("scenarios is empty: pass a list of {'input': ..., **reference data} dicts")
+        self.backend.trainer(self.model, self.config)  # load (or resume) before the first rollout
+        cycle = itertools.cycle(scenarios)
+        bar = _Bar(steps, progress)
+        with bar:
+            for _ in range(steps):
+                batch = [next(cycle) for _ in range(self.scenarios_per_step)]
+                metrics = self.train_step(batch)
+                bar.update(metrics)
+        self.plot()
+        return self.history
+
+    def train_step(self, scenarios: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+        started = time.perf_counter()
+        policy_step = self.backend.current_step(self.model)
+        groups = gather_groups(
+            self.graph,
+            scenarios,
+            self.config.num_generations,
+            max_concurrency=self.max_concurrency,
+            recorders=[self.model.recorder],
+            store=self.store,
+            progress=False,
+            metadata={"policy_step": policy_step, "training_run": self.run_id},
+        )
+        rollout_s = time.perf_counter() - started
+        report = score_groups(groups, self.rewards)
+        for group in groups:  # rewards are part of the record
+            self.store.add_group(group)
+        result = self.backend.train_step(self.model, groups, self.config)
+        rewards = [t.reward for g in groups for t in g.completed() if t.reward is not None]
+        metrics = {
+            "step": float(result.step),
+            "policy_step": float(policy_step),
+            "reward/mean": statistics.fmean(rewards) if rewards else float("nan"),
+            "reward/std": statistics.pstdev(rewards) if rewards else float("nan"),
+            "runs/failed": float(sum(len(g.failed) for g in groups)),
+            "time/rollout_s": rollout_s,
+            "time/step_s": time.perf_counter() - started,
+            "train/updated": float(result.updated),
+            **report.metrics,
+            **result.metrics,
+        }
+        if not result.updated:
+            log.warning("step skipped: %s", result.reason)
+        self.history.append(metrics)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with (self.run_dir / "metrics.jsonl").open("a") as out:
+            out.write(json.dumps({"run": self.run_id, **metrics}) + "\n")
+        return metrics
+
+    def plot(self, path: str | Path | None = None) -> Path | None:
+        """Write the reward curve (mean and std per step) as a PNG; needs matplotlib."""
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            log.warning("matplotlib is not installed: no reward curve PNG (pip install matplotlib)")
+            return None
+        target = Path(path) if path else self.run_dir / "reward_curve.png"
+        xs = list(range(1, len(self.history) + 1))
+        mean = [m["reward/mean"] for m in self.history]
+        std = [m["reward/std"] for m in self.history]
+        fig, ax = plt.subplots(figsize=(7, 4))
+        ax.plot(xs, mean, label="mean reward", color="tab:blue")
+        ax.fill_between(
+            xs,
+            [m - s for m, s in zip(mean, std, strict=True)],
+            [m + s for m, s in zip(mean, std, strict=True)],
+            alpha=0.2,
+            color="tab:blue",
+        )
+        ax.set_xlabel("training step")
+        ax.set_ylabel("reward")
+        ax.set_title(f"{self.model.name} ({self.model.project})")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(target, dpi=100, bbox_inches="tight")
+        plt.close(fig)
+        return target
+
+
+class _Bar:
+    """A rich progress bar showing step, reward mean/std and step time."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self._bar: Any = None
+        if enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._bar = Progress(
+                TextColumn("training"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeElapsedColumn(),
+            )
+            self._task = self._bar.add_task("train", total=total, info="")
+
+    def __enter__(self) -> _Bar:
+        if self._bar is not None:
+            self._bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def update(self, m: dict[str, float]) -> None:
+        if self._bar is not None:
+            info = f"reward {m['reward/mean']:.3f} ± {m['reward/std']:.3f}  step {m['time/step_s']:.2f}s"
+            self._bar.update(self._task, advance=1, info=info)

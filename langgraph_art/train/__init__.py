@@ -1,0 +1,1 @@
+"""Training: tokenize trajectories, group advantages, losses, the GRPO step, checkpoints. Needs torch + peft."""

@@ -1,0 +1,74 @@
+"""Group-relative advantages (pure Python, hand-checkable).
+
+Within a group (runs of one scenario), advantage = reward - group mean, optionally divided by the group's std
+(``scale_rewards="group"``, GRPO), by the std of the whole batch (``"batch"``, more stable when groups are small)
+or not at all (``"none"``, Dr. GRPO). A group whose rewards are all equal teaches nothing: it is skipped and
+counted. Per-node rewards (``NodeSpan.reward``) get their own group-relative advantages among the same node's
+spans in the group, and those are used for that node's turns.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from langgraph_art.types import TrajectoryGroup
+
+ScaleRewards = Literal["group", "batch", "none"]
+EPS = 1e-4
+
+
+def centred(rewards: Sequence[float], scale: float | None) -> list[float]:
+    """``(r - mean) / scale`` (or just ``r - mean`` when ``scale`` is None)."""
+    mean = statistics.fmean(rewards)
+    return [(r - mean) / (scale + EPS) if scale is not None else r - mean for r in rewards]
+
+
+@dataclass
+class Advantages:
+    """Advantage per trajectory id, and per span id for node rewards; plus what was skipped and why."""
+
+    by_trajectory: dict[str, float] = field(default_factory=dict)
+    by_span: dict[str, float] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    def skip(self, reason: str, count: int = 1) -> None:
+        if count:
+            self.skipped[reason] = self.skipped.get(reason, 0) + count
+
+
+def group_advantages(groups: Sequence[TrajectoryGroup], scale_rewards: ScaleRewards = "group") -> Advantages:
+    out = Advantages()
+    scored: list[tuple[list[str], list[float]]] = []
+    for group in groups:
+        runs = [t for t in group.completed() if t.reward is not None and math.isfinite(t.reward)]
+        out.skip("run failed", len(group.failed))
+        out.skip("run has no reward", len(group.completed()) - len(runs))
+        if len(runs) < 2:
+            out.skip("group of fewer than 2 scored runs", len(runs))
+            continue
+        rewards = [float(t.reward) for t in runs]  # type: ignore[arg-type]
+        if max(rewards) - min(rewards) < 1e-9:
+            out.skip("group with all-equal rewards", len(runs))
+            continue
+        scored.append(([t.id for t in runs], rewards))
+        _node_advantages(group, scale_rewards, out)
+    batch_std = statistics.pstdev([r for _, rs in scored for r in rs]) if scored else 0.0
+    for ids, rewards in scored:
+        scale = {"group": statistics.pstdev(rewards), "batch": batch_std, "none": None}[scale_rewards]
+        out.by_trajectory.update(zip(ids, centred(rewards, scale), strict=True))
+    return out
+
+
+def _node_advantages(group: TrajectoryGroup, scale_rewards: ScaleRewards, out: Advantages) -> None:
+    spans = [s for t in group.completed() for s in t.spans if s.reward is not None]
+    for node in sorted({s.name for s in spans}):
+        same = [s for s in spans if s.name == node]
+        rewards = [float(s.reward) for s in same]  # type: ignore[arg-type]
+        if len(same) < 2 or max(rewards) - min(rewards) < 1e-9:
+            continue
+        scale = statistics.pstdev(rewards) if scale_rewards != "none" else None
+        out.by_span.update(zip([s.id for s in same], centred(rewards, scale), strict=True))

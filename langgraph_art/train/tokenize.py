@@ -1,0 +1,122 @@
+"""Trajectories -> token sequences for training, from the exact sampled ids (generated text is never re-tokenized).
+
+For each trainable turn the sequence is the prompt ids the server rendered (``prompt_token_ids``; rendered
+here with the chat template only for turns that lack them) followed by the sampled ``token_ids``. The loss mask
+is 1 exactly on sampled tokens of trainable turns. When a turn's prompt starts with the previous turn's whole
+sequence (an agent loop: the next call sees the previous answer plus tool results), the two become one sequence,
+so a multi-turn conversation trains as one; a turn that does not continue a sequence starts its own (several
+agents give one sequence each). Sequences longer than ``max_length`` are cut at ``max_length``, with a warning
+and a count: the cut tokens are not trained on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from langgraph_art.train.advantages import Advantages
+from langgraph_art.types import Trajectory, Turn
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainSequence:
+    """Aligned per position: ``input_ids``, ``mask`` (1 = sampled token trained on), the sampler's logprob and the
+    advantage of each trained token (0 elsewhere)."""
+
+    input_ids: list[int]
+    mask: list[int]
+    old_logprobs: list[float]
+    advantages: list[float]
+    temperature: float
+    trajectory_id: str
+    turns: int = 1
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+@dataclass
+class TokenizeReport:
+    skipped: dict[str, int] = field(default_factory=dict)
+    truncated_tokens: int = 0
+
+    def skip(self, reason: str, count: int = 1) -> None:
+        if count:
+            self.skipped[reason] = self.skipped.get(reason, 0) + count
+
+
+def _sampling_temperature(turn: Turn) -> float:
+    value = turn.params.get("temperature")
+    return float(value) if isinstance(value, int | float) and value > 0 else 1.0  # greedy: raw logprobs
+
+
+def _prompt_ids(turn: Turn, tokenizer: Any) -> list[int]:
+    if turn.prompt_token_ids:
+        return list(turn.prompt_token_ids)
+    ids = tokenizer.apply_chat_template(
+        turn.messages, tools=turn.tools or None, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    return [int(i) for i in ids]
+
+
+def build_sequences(
+    trajectories: Iterable[Trajectory],
+    advantages: Advantages,
+    tokenizer: Any,
+    *,
+    nodes: Iterable[str] | None = None,
+    max_length: int = 4096,
+    report: TokenizeReport | None = None,
+) -> list[TrainSequence]:
+    """Sequences of every trajectory that has an advantage; ``nodes`` limits training to those nodes' turns."""
+    report = report if report is not None else TokenizeReport()
+    wanted = list(nodes) if nodes is not None else None
+    sequences: list[TrainSequence] = []
+    for trajectory in trajectories:
+        span_of = {turn.id: span.id for span in trajectory.spans for turn in span.turns}
+        all_turns = trajectory.turns(wanted)
+        usable = trajectory.trainable_turns(wanted)
+        report.skip("turn without token ids (not sampled by ChatART): context only", len(all_turns) - len(usable))
+        open_sequences: list[TrainSequence] = []
+        for turn in usable:
+            advantage = advantages.by_span.get(span_of.get(turn.id, ""), advantages.by_trajectory.get(trajectory.id))
+            if advantage is None:
+                continue
+            prompt = _prompt_ids(turn, tokenizer)
+            temperature = _sampling_temperature(turn)
+            target = next(
+                (
+                    s
+                    for s in reversed(open_sequences)
+                    if s.temperature == temperature and prompt[: len(s)] == s.input_ids
+                ),
+                None,
+            )
+            if target is None:
+                target = TrainSequence([], [], [], [], temperature, trajectory.id, turns=0)
+                open_sequences.append(target)
+            context = prompt[len(target) :]
+            target.input_ids += context + turn.token_ids
+            target.mask += [0] * len(context) + [1] * len(turn.token_ids)
+            target.old_logprobs += [0.0] * len(context) + list(turn.logprobs)
+            target.advantages += [0.0] * len(context) + [advantage] * len(turn.token_ids)
+            target.turns += 1
+        for sequence in open_sequences:
+            if len(sequence) > max_length:
+                cut = sum(sequence.mask[max_length:])
+                report.truncated_tokens += cut
+                log.warning(
+                    "a sequence of %d tokens was cut to max_length=%d (%d sampled tokens not trained on)",
+                    len(sequence),
+                    max_length,
+                    cut,
+                )
+                for name in ("input_ids", "mask", "old_logprobs", "advantages"):
+                    setattr(sequence, name, getattr(sequence, name)[:max_length])
+            if sum(sequence.mask) > 0:
+                sequences.append(sequence)
+    return sequences

@@ -1,0 +1,240 @@
+"""``GRPOTrainer``: scored trajectory groups in, one LoRA update out.
+
+``step(groups)`` reads top to bottom: advantages -> token sequences -> length-sorted micro-batches -> forward,
+loss, backward (gradient accumulation) -> clip -> AdamW -> metrics. A non-finite loss or gradient aborts the step
+before the optimizer touches the weights, and no checkpoint is written for it.
+
+Shortcuts, named: micro-batches group sequences of similar length (sorted) rather than packing several
+sequences into one row, which would need block-diagonal attention masks the CPU attention path does not take;
+and a step is one optimizer update over all its sequences (no PPO epochs), so the importance ratio corrects
+sampler/trainer drift rather than multiple passes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from langgraph_art.config import GRPOConfig
+from langgraph_art.errors import LangGraphArtError
+from langgraph_art.models.loading import load_causal_lm
+from langgraph_art.train import checkpoint
+from langgraph_art.train.advantages import group_advantages
+from langgraph_art.train.loss import entropy, policy_loss, token_logprobs
+from langgraph_art.train.tokenize import TokenizeReport, TrainSequence, build_sequences
+from langgraph_art.types import TrajectoryGroup
+
+log = logging.getLogger(__name__)
+
+
+class TrainingAborted(LangGraphArtError):
+    """A step produced a non-finite loss or gradient; the weights were not updated and nothing was saved."""
+
+
+@dataclass
+class StepResult:
+    step: int
+    updated: bool
+    metrics: dict[str, float] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+    reason: str | None = None
+
+
+class GRPOTrainer:
+    """LoRA GRPO on ``base_model`` ("tiny", a hub id or a folder); checkpoints under ``checkpoint_dir``."""
+
+    def __init__(
+        self,
+        base_model: str,
+        config: GRPOConfig | None = None,
+        *,
+        checkpoint_dir: str | Path,
+        device: str | None = None,
+    ) -> None:
+        from peft import LoraConfig, get_peft_model
+
+        self.config = config or GRPOConfig()
+        self.checkpoint_dir = Path(checkpoint_dir)
+        torch.manual_seed(self.config.seed)
+        base, self.tokenizer = load_causal_lm(base_model, device=device, dtype=torch.float32)
+        lora = LoraConfig(
+            r=self.config.lora_r,
+            lora_alpha=self.config.lora_alpha,
+            lora_dropout=self.config.lora_dropout,
+            target_modules=self.config.target_modules,
+        )
+        self.model = get_peft_model(base, lora)
+        self.device = base.device
+        self.optimizer = torch.optim.AdamW(
+            self.trainable_parameters(), lr=self.config.learning_rate, weight_decay=self.config.weight_decay
+        )
+        self.step_count = 0
+        self._resume()
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    # -- the RL step -----------------------------------------------------------------------------------------
+    def step(self, groups: Sequence[TrajectoryGroup]) -> StepResult:
+        started = time.perf_counter()
+        cfg = self.config
+        advantages = group_advantages(groups, cfg.scale_rewards)
+        report = TokenizeReport(skipped=dict(advantages.skipped))
+        runs = [t for g in groups for t in g.completed()]
+        sequences = build_sequences(
+            runs, advantages, self.tokenizer, nodes=cfg.trainable_nodes, max_length=cfg.max_length, report=report
+        )
+        if not sequences:
+            return StepResult(
+                self.step_count,
+                False,
+                skipped=report.skipped,
+                reason="nothing to train on: " + (", ".join(report.skipped) or "no scored groups"),
+            )
+
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        batches = _micro_batches(sequences, cfg.per_device_train_batch_size)
+        total_tokens = sum(sum(s.mask) for s in sequences)
+        sums: dict[str, float] = {"loss": 0.0, "entropy": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0}
+        for batch in batches:
+            ids, attn, mask, old, adv, temp = _tensors(batch, self.tokenizer.pad_token_id, self.device)
+            logits = self.model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # [B, T-1, V]
+            targets, mask, old, adv = ids[:, 1:], mask[:, 1:], old[:, 1:], adv[:, 1:]
+            logprobs = token_logprobs(logits, targets, temp)  # [B, T-1]
+            ref = self._reference_logprobs(ids, attn, targets, temp) if cfg.beta else None
+            loss, stats = policy_loss(
+                logprobs,
+                old,
+                adv,
+                mask,
+                loss_type=cfg.loss_type,
+                epsilon=cfg.epsilon,
+                epsilon_high=cfg.epsilon_high,
+                beta=cfg.beta,
+                ref_logprobs=ref,
+                max_tokens=cfg.max_length,
+            )
+            weight = _batch_weight(cfg.loss_type, batch, sequences, stats.tokens, total_tokens)
+            if not torch.isfinite(loss):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise TrainingAborted(
+                    f"step {self.step_count + 1}: the loss is {loss.item()} (non-finite); the "
+                    "weights were not updated and no checkpoint was written. Lower "
+                    "learning_rate or check the rewards for extreme values."
+                )
+            (loss * weight).backward()
+            share = stats.tokens / max(total_tokens, 1)
+            with torch.no_grad():
+                token_entropy = float((entropy(logits, temp) * mask).sum() / mask.sum().clamp(min=1))
+            sums["loss"] += float(loss) * weight
+            for key, value in (
+                ("entropy", token_entropy),
+                ("kl", stats.kl),
+                ("clip_fraction", stats.clip_fraction),
+                ("ratio_mean", stats.ratio_mean),
+            ):
+                sums[key] += value * share
+
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), cfg.max_grad_norm))
+        if not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise TrainingAborted(
+                f"step {self.step_count + 1}: the gradient norm is {grad_norm}; the weights were "
+                "not updated and no checkpoint was written"
+            )
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step_count += 1
+        seconds = time.perf_counter() - started
+        metrics = {
+            **{f"train/{k}": v for k, v in sums.items()},
+            "train/grad_norm": grad_norm,
+            "train/sequences": float(len(sequences)),
+            "train/tokens": float(total_tokens),
+            "train/tokens_per_s": total_tokens / seconds,
+            "train/seconds": seconds,
+            "train/truncated_tokens": float(report.truncated_tokens),
+        }
+        metrics.update({f"train/skipped/{k}": float(v) for k, v in report.skipped.items()})
+        return StepResult(self.step_count, True, metrics, report.skipped)
+
+    @torch.no_grad()
+    def _reference_logprobs(
+        self, ids: torch.Tensor, attn: torch.Tensor, targets: torch.Tensor, temp: torch.Tensor
+    ) -> torch.Tensor:
+        with self.model.disable_adapter():  # the base model is the KL reference
+            logits = self.model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+        return token_logprobs(logits, targets, temp)
+
+    # -- checkpoints -----------------------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        """Write checkpoint ``step_count`` atomically; returns its folder (a peft adapter folder)."""
+
+        def write(folder: Path) -> None:
+            self.model.save_pretrained(str(folder))
+            torch.save(self.optimizer.state_dict(), folder / "optimizer.pt")
+
+        return checkpoint.save(
+            self.checkpoint_dir,
+            self.step_count,
+            write,
+            {"config": self.config.model_dump()},
+            keep=self.config.save_total_limit,
+        )
+
+    def _resume(self) -> None:
+        step = checkpoint.latest_step(self.checkpoint_dir)
+        if step is None:
+            return
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        folder = checkpoint.step_dir(self.checkpoint_dir, step)
+        set_peft_model_state_dict(self.model, load_file(folder / "adapter_model.safetensors"))
+        optimizer_state = folder / "optimizer.pt"
+        if optimizer_state.exists():
+            self.optimizer.load_state_dict(torch.load(optimizer_state, map_location=self.device))
+        self.step_count = step
+        log.info("resumed from checkpoint %s", folder)
+
+
+def _micro_batches(sequences: list[TrainSequence], size: int) -> list[list[TrainSequence]]:
+    ordered = sorted(sequences, key=len)  # similar lengths together: little padding
+    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+
+
+def _batch_weight(
+    loss_type: str, batch: list[TrainSequence], sequences: list[TrainSequence], tokens: int, total_tokens: int
+) -> float:
+    """Scale a micro-batch's loss so the accumulated gradient equals the loss over the whole step."""
+    if loss_type in ("grpo", "gspo", "dr_grpo"):
+        return len(batch) / len(sequences)
+    return tokens / max(total_tokens, 1)
+
+
+def _tensors(batch: list[TrainSequence], pad: int, device: Any) -> tuple[torch.Tensor, ...]:
+    """Right-padded [B, T] tensors: ids (pad id in padding), attention mask, loss mask, sampler logprobs,
+    advantages; and the sampling temperature per sequence [B]."""
+    width = max(len(s) for s in batch)
+    ids = torch.full((len(batch), width), pad, dtype=torch.long)
+    attn = torch.zeros((len(batch), width), dtype=torch.long)
+    mask = torch.zeros((len(batch), width))
+    old = torch.zeros((len(batch), width))
+    adv = torch.zeros((len(batch), width))
+    for row, seq in enumerate(batch):
+        n = len(seq)
+        ids[row, :n] = torch.tensor(seq.input_ids)
+        attn[row, :n] = 1
+        mask[row, :n] = torch.tensor(seq.mask, dtype=torch.float)
+        old[row, :n] = torch.tensor(seq.old_logprobs)
+        adv[row, :n] = torch.tensor(seq.advantages)
+    temp = torch.tensor([s.temperature for s in batch])
+    return tuple(t.to(device) for t in (ids, attn, mask, old, adv, temp))
