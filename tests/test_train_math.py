@@ -1,0 +1,118 @@
+"""Losses and advantages against values computed by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from langgraph_art.train.advantages import centred, group_advantages  # noqa: E402
+from langgraph_art.train.loss import entropy, kl_k3, policy_loss, token_logprobs  # noqa: E402
+from langgraph_art.types import NodeSpan, Trajectory, TrajectoryGroup  # noqa: E402
+
+L = math.log
+
+
+def t(*rows: list[float]) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.float64)
+
+
+def test_grpo_on_policy_is_minus_advantage_and_its_gradient() -> None:
+    logp = t([L(0.5), L(0.25)]).requires_grad_()
+    loss, stats = policy_loss(logp, logp.detach().clone(), torch.tensor([1.0], dtype=torch.float64), t([1, 1]))
+    assert loss.item() == pytest.approx(-1.0)
+    loss.backward()
+    assert logp.grad[0].tolist() == pytest.approx([-0.5, -0.5])  # -A * ratio / tokens
+    assert stats.clip_fraction == 0 and stats.ratio_mean == pytest.approx(1.0) and stats.tokens == 2
+
+
+def test_clipping_is_one_sided_by_advantage_sign() -> None:
+    new, old = t([L(0.8)]), t([L(0.5)])  # ratio 1.6
+    up, stats = policy_loss(new.clone().requires_grad_(), old, torch.tensor([1.0], dtype=torch.float64), t([1]))
+    assert up.item() == pytest.approx(-1.2) and stats.clip_fraction == 1.0  # min(1.6, 1.2) * 1
+    down, stats = policy_loss(new, old, torch.tensor([-1.0], dtype=torch.float64), t([1]))
+    assert down.item() == pytest.approx(1.6) and stats.clip_fraction == 0.0  # min(-1.6, -1.2) = -1.6
+    wide, _ = policy_loss(new, old, torch.tensor([1.0], dtype=torch.float64), t([1]), epsilon_high=0.28)
+    assert wide.item() == pytest.approx(-1.28)
+
+
+def test_normalisations_differ_as_documented() -> None:
+    logp = t([-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0])
+    mask = t([1, 1, 0], [1, 0, 0])
+    adv = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    grpo, _ = policy_loss(logp, logp, adv, mask, loss_type="grpo")
+    bnpo, _ = policy_loss(logp, logp, adv, mask, loss_type="bnpo")
+    dr, _ = policy_loss(logp, logp, adv, mask, loss_type="dr_grpo", max_tokens=4)
+    assert grpo.item() == pytest.approx((-1 + 2) / 2)  # per-sequence means, then their mean
+    assert bnpo.item() == pytest.approx((-1 - 1 + 2) / 3)  # over all trained tokens
+    assert dr.item() == pytest.approx((-1 - 1 + 2) / (2 * 4))  # over a constant
+
+
+def test_cispo_weights_logprob_by_detached_clipped_ratio() -> None:
+    new = t([L(0.8)]).requires_grad_()
+    loss, _ = policy_loss(
+        new, t([L(0.5)]), torch.tensor([1.0], dtype=torch.float64), t([1]), loss_type="cispo", epsilon_high=0.2
+    )
+    assert loss.item() == pytest.approx(-1.2 * L(0.8))
+    loss.backward()
+    assert new.grad.item() == pytest.approx(-1.2)  # the weight carries no gradient
+
+
+def test_gspo_uses_one_geometric_mean_ratio_per_sequence() -> None:
+    old = t([0.0, 0.0])
+    new = t([0.1, 0.3])  # token log-ratios 0.1 and 0.3 -> sequence ratio exp(0.2)
+    adv = torch.tensor([1.0], dtype=torch.float64)
+    loss, _ = policy_loss(new, old, adv, t([1, 1]), loss_type="gspo", epsilon=0.3)
+    assert loss.item() == pytest.approx(-math.exp(0.2))
+    clipped, stats = policy_loss(new, old, adv, t([1, 1]), loss_type="gspo", epsilon=0.1)
+    assert clipped.item() == pytest.approx(-1.1) and stats.clip_fraction == 1.0
+
+
+def test_kl_k3_and_beta() -> None:
+    assert kl_k3(t([L(0.25)]), t([L(0.5)])).item() == pytest.approx(2 - L(2) - 1)
+    logp = t([L(0.25)])
+    loss, stats = policy_loss(
+        logp, logp, torch.tensor([0.0], dtype=torch.float64), t([1]), beta=0.5, ref_logprobs=t([L(0.5)])
+    )
+    assert loss.item() == pytest.approx(0.5 * (2 - L(2) - 1)) and stats.kl == pytest.approx(2 - L(2) - 1)
+
+
+def test_token_logprobs_and_entropy_use_the_sampling_temperature() -> None:
+    logits = torch.tensor([[[2.0, 0.0]]])
+    lp = token_logprobs(logits, torch.tensor([[0]]), torch.tensor([2.0]))
+    assert lp.item() == pytest.approx(1 - L(math.e + 1))  # log_softmax([1, 0])[0]
+    assert entropy(torch.zeros(1, 1, 4), torch.tensor([1.0])).item() == pytest.approx(L(4))
+
+
+def group(gid: str, rewards: list[float | None], node_rewards: list[float] | None = None) -> TrajectoryGroup:
+    runs = []
+    for i, r in enumerate(rewards):
+        spans = [NodeSpan(id=f"{gid}{i}s", name="critic", reward=node_rewards[i])] if node_rewards else []
+        runs.append(Trajectory(id=f"{gid}{i}", status="ok", reward=r, spans=spans))
+    return TrajectoryGroup(id=gid, trajectories=runs)
+
+
+def test_group_advantages_scaling_and_skips() -> None:
+    assert centred([1, 0, 0, 1], None) == [0.5, -0.5, -0.5, 0.5]
+    adv = group_advantages(
+        [group("a", [1, 0, 0, 1]), group("b", [0.3, 0.3]), group("c", [1.0]), group("d", [None, 1.0, 0.0])], "group"
+    )
+    assert [round(adv.by_trajectory[f"a{i}"], 3) for i in range(4)] == [1.0, -1.0, -1.0, 1.0]  # / std 0.5
+    assert "b0" not in adv.by_trajectory and "c0" not in adv.by_trajectory
+    assert adv.by_trajectory["d1"] == pytest.approx(1.0, abs=1e-3)
+    assert adv.skipped == {
+        "group with all-equal rewards": 2,
+        "group of fewer than 2 scored runs": 1,
+        "run has no reward": 1,
+    }
+    unscaled = group_advantages([group("a", [1, 0, 0, 1])], "none")
+    assert unscaled.by_trajectory["a0"] == 0.5
+    batch = group_advantages([group("a", [1, 0]), group("b", [4, 0])], "batch")  # batch std of [1,0,4,0] = 1.639
+    assert batch.by_trajectory["b0"] == pytest.approx(2 / 1.6394, abs=1e-3)
+
+
+def test_node_rewards_get_their_own_advantages() -> None:
+    adv = group_advantages([group("a", [1.0, 0.0], node_rewards=[0.0, 1.0])], "none")
+    assert adv.by_span == {"a0s": -0.5, "a1s": 0.5} and adv.by_trajectory == {"a0": 0.5, "a1": -0.5}

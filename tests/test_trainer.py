@@ -1,0 +1,209 @@
+"""GRPOTrainer on the tiny model: what moves, what must not, bad input, NaN, checkpoints and resume."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from langgraph_art.config import GRPOConfig  # noqa: E402
+from langgraph_art.train import checkpoint  # noqa: E402
+from langgraph_art.train.advantages import Advantages  # noqa: E402
+from langgraph_art.train.tokenize import build_sequences  # noqa: E402
+from langgraph_art.train.trainer import GRPOTrainer, TrainingAborted  # noqa: E402
+from langgraph_art.types import NodeSpan, Trajectory, TrajectoryGroup, Turn  # noqa: E402
+
+CONFIG = GRPOConfig(learning_rate=1e-2, per_device_train_batch_size=3)
+
+
+@pytest.fixture
+def trainer(tiny_path: Path, tmp_path: Path) -> GRPOTrainer:
+    return GRPOTrainer(str(tiny_path), CONFIG, checkpoint_dir=tmp_path / "ckpt")
+
+
+def sampled_turn(trainer: GRPOTrainer, seed: int, node: str = "agent", n: int = 8) -> Turn:
+    """A turn as ChatART records it: prompt ids, sampled ids and the policy's logprobs of them (temperature 1)."""
+    tok = trainer.tokenizer
+    prompt = list(
+        tok.apply_chat_template(
+            [{"role": "user", "content": f"question {seed}"}], add_generation_prompt=True, return_dict=False
+        )
+    )
+    ids = torch.randint(10, 2000, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+    with torch.no_grad():
+        logits = trainer.model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1]
+    logprobs = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None])[:, 0].tolist()
+    return Turn(
+        id=f"turn{seed}{node}",
+        node=node,
+        prompt_token_ids=prompt,
+        token_ids=ids,
+        logprobs=logprobs,
+        params={"temperature": 1.0},
+        start_time=float(seed),
+    )
+
+
+def make_group(trainer: GRPOTrainer, rewards: list[float | None], gid: str = "g") -> TrajectoryGroup:
+    runs = [
+        Trajectory(
+            id=f"{gid}{i}",
+            status="ok",
+            reward=r,
+            spans=[NodeSpan(id=f"{gid}{i}s", name="agent", turns=[sampled_turn(trainer, i)])],
+        )
+        for i, r in enumerate(rewards)
+    ]
+    return TrajectoryGroup(id=gid, trajectories=runs)
+
+
+def test_steps_move_every_lora_parameter_and_no_base_weight(trainer: GRPOTrainer) -> None:
+    """LoRA starts with B = 0, so the first step's gradient reaches every lora_B but no lora_A (dL/dA = B^T...);
+    from the second step on every LoRA parameter moves. Base weights never do."""
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    result = trainer.step([make_group(trainer, [1.0, 0.0, 0.5, 0.0])])
+    assert result.updated and result.step == 1
+    assert result.metrics["train/ratio_mean"] == pytest.approx(1.0, abs=1e-4)  # sampler == trainer logprobs
+    assert result.metrics["train/sequences"] == 4 and result.metrics["train/tokens"] == 32
+    for name, param in trainer.model.named_parameters():
+        changed = not torch.equal(param, before[name])
+        assert changed == ("lora_B" in name), name
+    trainer.step([make_group(trainer, [0.0, 1.0, 0.5, 0.0], gid="h")])
+    for name, param in trainer.model.named_parameters():
+        changed = not torch.equal(param, before[name])
+        assert changed == ("lora_" in name), name
+
+
+def test_bad_input_is_skipped_with_counted_reasons(trainer: GRPOTrainer) -> None:
+    lonely = make_group(trainer, [1.0], gid="one")
+    flat = make_group(trainer, [0.5, 0.5], gid="flat")
+    empty = TrajectoryGroup(
+        id="empty",
+        trajectories=[Trajectory(id="e0", status="ok", reward=1.0), Trajectory(id="e1", status="ok", reward=0.0)],
+    )
+    foreign = make_group(trainer, [1.0, 0.0], gid="foreign")
+    for run in foreign.trajectories:
+        run.spans[0].turns[0].token_ids, run.spans[0].turns[0].logprobs = [], []  # e.g. from a non-ART model
+    failed = TrajectoryGroup(id="failed", trajectories=[Trajectory(id="f", status="failed")])
+    result = trainer.step([lonely, flat, empty, foreign, failed])
+    assert not result.updated and result.step == 0
+    assert result.skipped == {
+        "run failed": 1,
+        "group of fewer than 2 scored runs": 1,
+        "group with all-equal rewards": 2,
+        "turn without token ids (not sampled by ChatART): context only": 2,
+    }
+    assert "nothing to train on" in (result.reason or "")
+
+
+def test_nan_loss_aborts_without_update_or_checkpoint(trainer: GRPOTrainer) -> None:
+    group = make_group(trainer, [1.0, 0.0])
+    group.trajectories[0].spans[0].turns[0].logprobs[0] = math.nan
+    before = [p.detach().clone() for p in trainer.trainable_parameters()]
+    with pytest.raises(TrainingAborted, match="non-finite"):
+        trainer.step([group])
+    assert all(torch.equal(p, b) for p, b in zip(trainer.trainable_parameters(), before, strict=True))
+    assert trainer.step_count == 0 and checkpoint.list_steps(trainer.checkpoint_dir) == []
+
+
+def test_checkpoints_are_peft_folders_pruned_pinned_and_resumed(trainer: GRPOTrainer, tiny_path: Path) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    config = CONFIG.model_copy(update={"save_total_limit": 2})
+    trainer.config = config
+    for i in range(4):
+        trainer.step([make_group(trainer, [1.0, 0.0, float(i % 2)], gid=f"g{i}")])
+        trainer.save_checkpoint()
+        if i == 0:
+            checkpoint.pin(trainer.checkpoint_dir, 1)
+    assert checkpoint.list_steps(trainer.checkpoint_dir) == [1, 3, 4]  # last 2 + pinned step 1
+    folder = checkpoint.step_dir(trainer.checkpoint_dir, 4)
+    assert {"adapter_config.json", "adapter_model.safetensors", "optimizer.pt", "trainer_state.json"} <= {
+        p.name for p in folder.iterdir()
+    }
+    loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_path), folder)
+    ids = torch.tensor([[1, 5, 9, 12]])
+    with torch.no_grad():
+        assert torch.allclose(loaded(ids).logits, trainer.model(ids).logits, atol=1e-5)
+    resumed = GRPOTrainer(str(tiny_path), config, checkpoint_dir=trainer.checkpoint_dir)
+    assert resumed.step_count == 4
+    for a, b in zip(resumed.trainable_parameters(), trainer.trainable_parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert resumed.optimizer.state_dict()["state"].keys() == trainer.optimizer.state_dict()["state"].keys()
+
+
+def test_tokenize_merges_agent_loops_and_masks_only_sampled_tokens(trainer: GRPOTrainer) -> None:
+    first = sampled_turn(trainer, 1)
+    context = [200, 201, 202]  # e.g. a tool result rendered by the template
+    second = Turn(
+        id="t2",
+        node="agent",
+        prompt_token_ids=first.prompt_token_ids + first.token_ids + context,
+        token_ids=[300, 301],
+        logprobs=[-0.1, -0.2],
+        params={"temperature": 0.7},
+        start_time=2.0,
+    )
+    third = Turn(
+        id="t3",
+        node="agent",
+        prompt_token_ids=first.prompt_token_ids + first.token_ids + context,
+        token_ids=[400],
+        logprobs=[-0.3],
+        params={"temperature": 1.0},
+        start_time=3.0,
+    )
+    other = Turn(
+        id="t4",
+        node="critic",
+        prompt_token_ids=[1, 2],
+        token_ids=[5],
+        logprobs=[-1.0],
+        start_time=4.0,
+        trainable=False,
+        source="other",
+    )
+    run = Trajectory(
+        id="r",
+        status="ok",
+        spans=[
+            NodeSpan(id="s", name="agent", turns=[first, second, third]),
+            NodeSpan(id="c", name="critic", turns=[other]),
+        ],
+    )
+    (merged, *rest) = build_sequences([run], Advantages(by_trajectory={"r": 0.5}), trainer.tokenizer)
+    p = len(first.prompt_token_ids)
+    assert merged.input_ids == first.prompt_token_ids + first.token_ids + context + [400]  # t3 continues t1
+    assert merged.mask == [0] * p + [1] * 8 + [0, 0, 0] + [1] and merged.turns == 2
+    assert merged.old_logprobs[p : p + 8] == first.logprobs and merged.advantages[-1] == 0.5
+    (separate,) = rest  # t2 was sampled at another temperature: its own sequence
+    assert separate.input_ids[-2:] == [300, 301] and separate.mask[-3:] == [0, 1, 1] and separate.temperature == 0.7
+    only_critic = build_sequences([run], Advantages(by_trajectory={"r": 0.5}), trainer.tokenizer, nodes=["critic"])
+    assert only_critic == []
+    cut = build_sequences([run], Advantages(by_trajectory={"r": 0.5}), trainer.tokenizer, max_length=p + 4)
+    assert len(cut[0]) == p + 4 and sum(cut[0].mask) == 4
+
+
+def test_turns_without_prompt_ids_are_rendered_with_the_template(trainer: GRPOTrainer) -> None:
+    turn = Turn(
+        id="t", node="agent", messages=[{"role": "user", "content": "hi"}], token_ids=[7, 8], logprobs=[-1.0, -1.0]
+    )
+    run = Trajectory(id="r", status="ok", spans=[NodeSpan(id="s", name="agent", turns=[turn])])
+    (seq,) = build_sequences([run], Advantages(by_trajectory={"r": 1.0}), trainer.tokenizer)
+    expected = list(trainer.tokenizer.apply_chat_template(turn.messages, add_generation_prompt=True, return_dict=False))
+    assert seq.input_ids == [*expected, 7, 8] and seq.mask == [0] * len(expected) + [1, 1]
+
+
+def test_config_errors_say_how_to_fix() -> None:
+    with pytest.raises(ValueError, match="num_generations=1: GRPO compares runs"):  # pydantic wraps ConfigError
+        GRPOConfig(num_generations=1)
+    with pytest.raises(ValueError, match="epsilon=3e-4"):
+        GRPOConfig(loss_type="gspo")
+    with pytest.raises(ValueError, match=r"learning_rate=2\.0"):
+        GRPOConfig(learning_rate=2.0)
+    with pytest.raises(Exception, match="extra"):
+        GRPOConfig(lr=1e-3)  # type: ignore[call-arg]
