@@ -1,0 +1,59 @@
+"""Learning through the whole stack: a graph using ChatART, the handler, an @reward, the trainer, hot reload."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import httpx
+import pytest
+from langgraph.graph import START, MessagesState, StateGraph
+
+import langgraph_art as art
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+
+@art.reward
+def digits(state) -> float:
+    """Share of the non-space characters of the answer that are digits."""
+    text = "".join(state["messages"][-1].content.split())
+    return sum(c.isdigit() for c in text) / len(text) if text else 0.0
+
+
+def test_digits_task_learns_end_to_end(tmp_path: Path) -> None:
+    with art.LocalBackend(home=tmp_path) as backend:
+        model = art.TrainableModel(name="digits", project="learning").register(backend)
+        llm = art.ChatART(model=model, temperature=1.0, max_tokens=32)
+        graph = StateGraph(MessagesState)
+        graph.add_node("agent", lambda state: {"messages": [llm.invoke(state["messages"])]})
+        graph.add_edge(START, "agent")
+        config = art.GRPOConfig(learning_rate=5e-3, lora_r=8, lora_alpha=16, seed=0)
+        trainer = art.Trainer(graph.compile(), model, rewards=[digits], num_generations=8, config=config)
+        scenarios = [{"id": "numbers", "input": {"messages": [("user", "Write some numbers.")]}}]
+        history = trainer.train(scenarios, steps=60, progress=False)
+
+        rewards = [m["reward/mean"] for m in history]
+        assert statistics.fmean(rewards[:5]) < 0.1, rewards
+        assert statistics.fmean(rewards[-10:]) > 0.5, rewards
+        # each step's runs used the checkpoint of the previous update (a step whose group had all-equal rewards
+        # teaches nothing: no update, no new checkpoint)
+        updates = 0
+        for metrics in history:
+            assert metrics["policy_step"] == updates
+            updates += int(metrics["train/updated"])
+        last = int(history[-1]["step"])
+        assert last == updates >= 4
+        base_url = backend.server("tiny").base_url
+        served = sorted((a["name"] for a in httpx.get(f"{base_url}/adapters").json()["data"]), key=lambda n: int(n[7:]))
+        assert served == [f"digits@{s}" for s in range(last - 3, last + 1)]  # older steps unloaded, still on disk
+        assert art.ChatART(model=model).invoke("hi").response_metadata["model_name"] == f"digits@{last}"
+        lines = (trainer.run_dir / "metrics.jsonl").read_text().splitlines()
+        assert len(lines) == 60 and json.loads(lines[-1])["step"] == last
+        assert (trainer.run_dir / "reward_curve.png").stat().st_size > 1000
+        store = backend.store(model)
+        runs_per_policy = [store.count(step=s) for s in range(last + 1)]
+        assert sum(runs_per_policy) == 480 and all(n % 8 == 0 for n in runs_per_policy)
+        assert all(n >= 8 for n in runs_per_policy[:last])  # every checkpoint but the newest sampled runs
+        assert all(t.reward is not None for t in store.trajectories(step=last - 1))
