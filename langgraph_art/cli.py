@@ -61,39 +61,16 @@ def serve(
 
 @app.command()
 def demo(
-    model: Annotated[str, typer.Option(help="model to serve")] = "tiny",
+    steps: Annotated[int, typer.Option(help="GRPO steps (2 scenarios x 8 runs each)")] = 40,
+    warmup_steps: Annotated[int, typer.Option(help="SFT warm-up steps before RL")] = 60,
+    home: Annotated[str, typer.Option(help="where checkpoints, runs and the store go")] = ".art",
 ) -> None:
-    """Start the embedded service on the tiny model and talk to it through LangChain's ChatOpenAI."""
-    from langchain_openai import ChatOpenAI
-    from pydantic import SecretStr
-
-    from langgraph_art.serve.embedded import start_embedded_server
-
+    """Train a small tool-using LangGraph agent on the embedded tiny model (CPU, a few minutes)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    typer.echo(f"Building/loading {model!r} and starting the embedded service...")
-    server = start_embedded_server(model)
-    try:
-        llm = ChatOpenAI(
-            base_url=server.base_url,
-            api_key=SecretStr("unused"),
-            model=model,
-            logprobs=True,
-            max_completion_tokens=24,
-            temperature=1.0,
-            use_responses_api=False,
-        )
-        reply = llm.invoke("Hello! What is the weather in Paris?")
-        entries = reply.response_metadata["logprobs"]["content"]
-        typer.echo(f"service: {server.base_url}")
-        typer.echo(
-            f"reply ({len(entries)} tokens, finish={reply.response_metadata.get('finish_reason')}): {reply.content!r}"
-        )
-        typer.echo(f"{'token_id':>8}  {'logprob':>9}  token")
-        for entry in entries[:12]:
-            typer.echo(f"{entry['token_id']:>8}  {entry['logprob']:>9.4f}  {entry['token']!r}")
-        typer.echo("(The tiny model is random-init: the words are noise; the ids and logprobs are exact.)")
-    finally:
-        server.stop()
+    from langgraph_art.demo import run_demo
+
+    typer.echo("langgraph-art demo: a LangGraph agent with a lookup tool learns on the embedded tiny model.")
+    run_demo(steps=steps, warmup_steps=warmup_steps, home=home, echo=typer.echo)
 
 
 if __name__ == "__main__":  # pragma: no cover

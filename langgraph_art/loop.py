@@ -59,6 +59,10 @@ class Trainer:
     def run_dir(self) -> Path:
         return self.backend.run_dir(self.model)
 
+    def warmup(self, examples: Sequence[Any], *, steps: int, learning_rate: float | None = None) -> list[float]:
+        """SFT warm-up (conversations or stored trajectories) before RL; returns the loss per step."""
+        return self.backend.warmup(self.model, examples, steps=steps, learning_rate=learning_rate, config=self.config)
+
     def train(self, scenarios: Sequence[Mapping[str, Any]], steps: int, *, progress: bool = True) -> list[dict]:
         """Run ``steps`` training steps over ``scenarios`` (cycled); returns the metrics of each step."""
         if steps < 1:
@@ -130,7 +134,9 @@ class Trainer:
         mean = [m["reward/mean"] for m in self.history]
         std = [m["reward/std"] for m in self.history]
         fig, ax = plt.subplots(figsize=(7, 4))
-        ax.plot(xs, mean, label="mean reward", color="tab:blue")
+        ax.plot(xs, mean, label="mean reward", color="tab:blue", alpha=0.6)
+        window = [statistics.fmean(mean[max(0, i - 4) : i + 1]) for i in range(len(mean))]
+        ax.plot(xs, window, label="5-step average", color="tab:red", linewidth=2)
         ax.fill_between(
             xs,
             [m - s for m, s in zip(mean, std, strict=True)],

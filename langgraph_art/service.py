@@ -123,6 +123,22 @@ class LocalBackend:
             self._serve(model, result.step, folder)
         return result
 
+    def warmup(
+        self,
+        model: TrainableModel,
+        examples: Any,
+        *,
+        steps: int,
+        learning_rate: float | None = None,
+        config: Any = None,
+    ) -> list[float]:
+        """SFT warm-up of the model's LoRA; the result is saved and served as the current step (``name@0`` for
+        a fresh model)."""
+        trainer = self.trainer(model, config)
+        losses = trainer.sft(examples, steps=steps, learning_rate=learning_rate)
+        self._serve(model, trainer.step_count, trainer.save_checkpoint())
+        return losses
+
     def _serve(self, model: TrainableModel, step: int, folder: Path) -> None:
         base_url = self.server(model.base_model).base_url
         response = httpx.post(

@@ -166,6 +166,40 @@ class GRPOTrainer:
         metrics.update({f"train/skipped/{k}": float(v) for k, v in report.skipped.items()})
         return StepResult(self.step_count, True, metrics, report.skipped)
 
+    def sft(
+        self,
+        examples: Sequence[Any],
+        *,
+        steps: int,
+        learning_rate: float | None = None,
+        nodes: Sequence[str] | None = None,
+    ) -> list[float]:
+        """Supervised warm-up of the same LoRA on conversations or trajectories; returns the loss per step.
+
+        Each step is one pass over ``per_device_train_batch_size`` examples (cycling). Its own AdamW, so the RL
+        optimizer's moments are not disturbed.
+        """
+        from langgraph_art.train.sft import sft_loss, sft_sequences
+
+        sequences = sft_sequences(self.tokenizer, examples, nodes=nodes, max_length=self.config.max_length)
+        if not sequences:
+            raise LangGraphArtError("no SFT example has an assistant token to learn from")
+        optimizer = torch.optim.AdamW(self.trainable_parameters(), lr=learning_rate or self.config.learning_rate)
+        self.model.train()
+        size, losses = self.config.per_device_train_batch_size, []
+        for index in range(steps):
+            start = (index * size) % len(sequences)
+            batch = (sequences + sequences)[start : start + size]
+            loss, _ = sft_loss(self.model, batch, self.tokenizer.pad_token_id, self.device)
+            if not torch.isfinite(loss):
+                raise TrainingAborted(f"SFT step {index + 1}: non-finite loss; lower the learning rate")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), self.config.max_grad_norm)
+            optimizer.step()
+            losses.append(loss.item())
+        return losses
+
     @torch.no_grad()
     def _reference_logprobs(
         self, ids: torch.Tensor, attn: torch.Tensor, targets: torch.Tensor, temp: torch.Tensor

@@ -1,0 +1,153 @@
+"""The main job: train a small tool-using LangGraph agent on the embedded tiny model, on CPU.
+
+The agent answers "What is the value of <key>?" by calling a ``lookup`` tool and reporting its result. The tiny
+model first gets a short SFT warm-up on a few example conversations (it learns the shape of a tool call, not
+reliably), then GRPO with two rewards: it called ``lookup`` with the right key, and its final answer contains
+the value. Prints the reward curve and writes it as a PNG.
+
+The RL learning rate is 50x below the warm-up's on purpose: Adam moves every LoRA weight by about the learning
+rate each step, and with 8 runs per group and 0/1 rewards most of the gradient is noise; at 1e-3 and above the
+warmed-up policy got worse step by step, at 2e-4 it improves (mean reward ~0.4 -> ~0.9 of 2 in 30 steps).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from langchain_core.tools import tool
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode, tools_condition
+
+import langgraph_art as art
+
+VALUES = {
+    "alpha": "river",
+    "bravo": "copper",
+    "charlie": "maple",
+    "delta": "orbit",
+    "echo": "lantern",
+    "foxtrot": "velvet",
+}
+
+
+@tool
+def lookup(key: str) -> str:
+    """Look up the value stored under a key."""
+    return VALUES.get(key.strip().lower(), "unknown key")
+
+
+def build_agent(llm: art.ChatART) -> Any:
+    agent_llm = llm.bind_tools([lookup])
+
+    def agent(state: MessagesState) -> dict:
+        return {"messages": [agent_llm.invoke(state["messages"])]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", agent)
+    graph.add_node("tools", ToolNode([lookup]))
+    graph.add_edge(START, "agent")
+    graph.add_conditional_edges("agent", tools_condition)
+    graph.add_edge("tools", "agent")
+    return graph.compile().with_config(recursion_limit=6)
+
+
+@art.reward
+def called_lookup(trajectory, scenario) -> float:
+    """1 when the agent's first call is lookup with the asked key."""
+    first = trajectory.turns()[0].output if trajectory.turns() else {}
+    for call in first.get("tool_calls") or []:
+        try:
+            arguments = json.loads(call["function"]["arguments"])
+        except (json.JSONDecodeError, TypeError):
+            return 0.0
+        return float(call["function"]["name"] == "lookup" and arguments.get("key") == scenario["key"])
+    return 0.0
+
+
+@art.reward
+def answered(state, scenario) -> float:
+    """1 when the final answer contains the value."""
+    return float(VALUES[scenario["key"]] in str(state["messages"][-1].content))
+
+
+def scenarios() -> list[dict[str, Any]]:
+    return [
+        {"id": key, "key": key, "input": {"messages": [("user", f"What is the value of {key}?")]}} for key in VALUES
+    ]
+
+
+def warmup_conversations() -> list[dict[str, Any]]:
+    """One example per key; the warm-up is kept short, so the agent gets it right only part of the time."""
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "lookup",
+                "description": "Look up the value stored under a key.",
+                "parameters": {"properties": {"key": {"type": "string"}}, "required": ["key"], "type": "object"},
+            },
+        }
+    ]
+    examples = []
+    for key in VALUES:
+        call = {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "lookup", "arguments": json.dumps({"key": key})},
+        }
+        examples.append(
+            {
+                "tools": tools,
+                "messages": [
+                    {"role": "user", "content": f"What is the value of {key}?"},
+                    {"role": "assistant", "content": "", "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": "call_1", "content": VALUES[key]},
+                    {"role": "assistant", "content": f"The value of {key} is {VALUES[key]}."},
+                ],
+            }
+        )
+    return examples
+
+
+def run_demo(
+    *,
+    steps: int = 40,
+    warmup_steps: int = 60,
+    warmup_lr: float = 1e-2,
+    learning_rate: float = 2e-4,
+    home: str | Path = ".art",
+    echo: Any = print,
+) -> dict:
+    started = time.perf_counter()
+    with art.LocalBackend(home=home) as backend:
+        model = art.TrainableModel(name=f"demo-{int(time.time())}", project="demo").register(backend)
+        llm = art.ChatART(model=model, temperature=1.0, max_tokens=40)  # type: ignore[call-arg,arg-type]  # pydantic aliases
+        config = art.GRPOConfig(learning_rate=learning_rate, lora_r=8, lora_alpha=16, per_device_train_batch_size=8)
+        trainer = art.Trainer(
+            build_agent(llm),
+            model,
+            rewards=[called_lookup, answered],
+            num_generations=8,
+            config=config,
+            scenarios_per_step=2,
+        )
+        losses = trainer.warmup(warmup_conversations(), steps=warmup_steps, learning_rate=warmup_lr)
+        echo(f"warm-up: {warmup_steps} SFT steps, loss {losses[0]:.2f} -> {losses[-1]:.2f}")
+        history = trainer.train(scenarios(), steps=steps)
+        curve = [m["reward/mean"] for m in history]
+        echo("\nstep  reward  " + "-" * 40)
+        for index, value in enumerate(curve, 1):
+            echo(f"{index:>4}  {value:6.3f}  " + "#" * round(value * 40))
+        head, tail = statistics.fmean(curve[:5]), statistics.fmean(curve[-5:])
+        png = trainer.run_dir / "reward_curve.png"
+        echo(f"\nmean reward, first 5 steps: {head:.3f}; last 5 steps: {tail:.3f}")
+        echo(f"reward curve: {png}\nmetrics: {trainer.run_dir / 'metrics.jsonl'}")
+        echo(
+            f"served now as {model.name!r} (= {model.name}@{backend.current_step(model)}); "
+            f"{time.perf_counter() - started:.0f} s in all"
+        )
+        return {"curve": curve, "png": png, "first": head, "last": tail}

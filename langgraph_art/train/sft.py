@@ -1,0 +1,84 @@
+"""Supervised warm-up on the same LoRA as RL (the SFT-then-RL flow): from chat conversations or stored
+trajectories, with the loss on assistant tokens only.
+
+Conversations (``{"messages": [...], "tools": [...]}``) are rendered with the model's chat template; each
+assistant message's tokens are found by rendering the conversation up to it with and without it, so only what
+the assistant said (and its end-of-turn token) is trained on. Trajectories train on their exact sampled ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+
+from langgraph_art.train.advantages import Advantages
+from langgraph_art.train.loss import masked_mean, token_logprobs
+from langgraph_art.train.tokenize import TrainSequence, build_sequences
+from langgraph_art.types import Trajectory
+
+
+def _render(tokenizer: Any, messages: list[dict[str, Any]], tools: Any, prompt: bool) -> list[int]:
+    ids = tokenizer.apply_chat_template(
+        messages, tools=tools or None, add_generation_prompt=prompt, tokenize=True, return_dict=False
+    )
+    return [int(i) for i in ids]
+
+
+def conversation_sequence(tokenizer: Any, conversation: dict[str, Any], max_length: int) -> TrainSequence:
+    messages, tools = conversation["messages"], conversation.get("tools")
+    full = _render(tokenizer, messages, tools, prompt=False)
+    mask = [0] * len(full)
+    for index, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        before = _render(tokenizer, messages[:index], tools, prompt=True)
+        through = _render(tokenizer, messages[: index + 1], tools, prompt=False)
+        if full[: len(through)] != through or through[: len(before)] != before:
+            raise ValueError(
+                f"the chat template does not render message {index} as a continuation; "
+                "SFT needs a template whose renderings extend each other (ChatML does)"
+            )
+        for position in range(len(before), len(through)):
+            mask[position] = 1
+    full, mask = full[:max_length], mask[:max_length]
+    return TrainSequence(full, mask, [0.0] * len(full), [0.0] * len(full), 1.0, "sft")
+
+
+def sft_sequences(
+    tokenizer: Any, examples: Iterable[dict[str, Any] | Trajectory], *, nodes: Sequence[str] | None, max_length: int
+) -> list[TrainSequence]:
+    sequences: list[TrainSequence] = []
+    trajectories: list[Trajectory] = []
+    for example in examples:
+        if isinstance(example, Trajectory):
+            trajectories.append(example)
+        elif isinstance(example, dict) and isinstance(example.get("messages"), list):
+            sequences.append(conversation_sequence(tokenizer, example, max_length))
+        else:
+            raise ValueError(
+                f"SFT examples are {{'messages': [...], 'tools': [...]}} dicts or Trajectory objects, "
+                f"got {example!r:.120}"
+            )
+    everyone = Advantages(by_trajectory={t.id: 1.0 for t in trajectories})
+    sequences += build_sequences(trajectories, everyone, tokenizer, nodes=nodes, max_length=max_length)
+    for sequence in sequences:
+        sequence.temperature = 1.0  # SFT fits the untempered distribution
+    return [s for s in sequences if sum(s.mask)]
+
+
+def sft_loss(model: Any, batch: list[TrainSequence], pad: int, device: Any) -> tuple[torch.Tensor, int]:
+    """Mean negative log-likelihood of the masked tokens of one micro-batch, and how many there were."""
+    width = max(len(s) for s in batch)
+    ids = torch.full((len(batch), width), pad, dtype=torch.long)
+    attn = torch.zeros((len(batch), width), dtype=torch.long)
+    mask = torch.zeros((len(batch), width))
+    for row, seq in enumerate(batch):
+        ids[row, : len(seq)] = torch.tensor(seq.input_ids)
+        attn[row, : len(seq)] = 1
+        mask[row, : len(seq)] = torch.tensor(seq.mask, dtype=torch.float)
+    ids, attn, mask = ids.to(device), attn.to(device), mask.to(device)
+    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # [B, T-1, V]
+    logprobs = token_logprobs(logits, ids[:, 1:], torch.ones(len(batch), device=device))  # [B, T-1]
+    return -masked_mean(logprobs, mask[:, 1:]), int(mask[:, 1:].sum())
