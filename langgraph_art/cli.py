@@ -40,6 +40,8 @@ def serve(
     served_name: Annotated[str | None, typer.Option(help="model name clients use (default: --model)")] = None,
     device: Annotated[str | None, typer.Option(help="'cpu', 'cuda', 'cuda:1' (default: cuda if present)")] = None,
     max_batch_size: Annotated[int, typer.Option(help="rows (requests x n) decoded together")] = 64,
+    home: Annotated[str, typer.Option(help="where the training API keeps checkpoints")] = ".art",
+    train: Annotated[bool, typer.Option(help="expose the training API (/v1/train/...)")] = True,
 ) -> None:
     """Serve a model and its LoRA adapters over an OpenAI-compatible HTTP API."""
     if not is_loopback(host) and not api_key:
@@ -56,7 +58,12 @@ def serve(
 
     engine = HFEngine(model, served_name=served_name, device=device, max_batch_size=max_batch_size)
     typer.echo(f"langgraph-art: serving {engine.base_model!r} on http://{host}:{port}/v1 (loading the model...)")
-    uvicorn.run(create_app(engine, api_key=api_key), host=host, port=port, log_level="info")
+    app_ = create_app(engine, api_key=api_key)
+    if train:
+        from langgraph_art.training_api import training_router
+
+        app_.include_router(training_router(engine, home))
+    uvicorn.run(app_, host=host, port=port, log_level="info")
 
 
 @app.command()

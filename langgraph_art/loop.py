@@ -24,7 +24,7 @@ from langgraph_art.capture.rollout import gather_groups
 from langgraph_art.config import GRPOConfig
 from langgraph_art.errors import ConfigError
 from langgraph_art.rewards.combine import score_groups
-from langgraph_art.service import LocalBackend, TrainableModel
+from langgraph_art.service import LocalBackend, RemoteBackend, TrainableModel
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +45,12 @@ class Trainer:
     ) -> None:
         if not rewards:
             raise ConfigError("Trainer needs at least one reward: rewards=[my_reward_fn, art.RulerJudge(...)]")
-        if not isinstance(model.backend, LocalBackend):
-            raise ConfigError("training runs in a LocalBackend for now; RemoteBackend serves rollouts only")
+        if not isinstance(model.backend, LocalBackend | RemoteBackend):
+            raise ConfigError("register the model with art.LocalBackend() or art.RemoteBackend(url) to train it")
         self.graph, self.model, self.rewards = graph, model, list(rewards)
         self.config = (config or GRPOConfig()).model_copy(update={"num_generations": num_generations})
         self.scenarios_per_step, self.max_concurrency = scenarios_per_step, max_concurrency
-        self.backend: LocalBackend = model.backend
+        self.backend: LocalBackend | RemoteBackend = model.backend
         self.store = self.backend.store(model)
         self.run_id = uuid.uuid4().hex[:12]
         self.history: list[dict[str, float]] = []

@@ -1,0 +1,66 @@
+"""Training through `langgraph-art serve`'s training API: rollouts here, the GRPO step in the service."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from langgraph.graph import START, MessagesState, StateGraph
+
+import langgraph_art as art
+from langgraph_art.errors import ConfigError
+from langgraph_art.serve.embedded import EmbeddedServer
+from langgraph_art.training_api import training_router
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+
+@art.reward
+def digits(state) -> float:
+    text = "".join(state["messages"][-1].content.split())
+    return sum(c.isdigit() for c in text) / len(text) if text else 0.0
+
+
+def graph_for(llm: art.ChatART) -> Any:
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", lambda state: {"messages": [llm.invoke(state["messages"])]})
+    graph.add_edge(START, "agent")
+    return graph.compile()
+
+
+def test_remote_backend_trains_in_the_service(tiny_path: Path, tmp_path: Path) -> None:
+    service = EmbeddedServer(str(tiny_path), served_name="tiny")
+    service.app.include_router(training_router(service.engine, tmp_path / "service"))
+    with service:
+        backend = art.RemoteBackend(service.base_url, home=tmp_path / "client")
+        model = art.TrainableModel(name="remote", project="p").register(backend)
+        llm = art.ChatART(model=model, temperature=1.0, max_tokens=16)
+        trainer = art.Trainer(
+            graph_for(llm),
+            model,
+            rewards=[digits],
+            num_generations=4,
+            config=art.GRPOConfig(learning_rate=1e-2, num_generations=4),
+        )
+        losses = trainer.warmup(
+            [{"messages": [{"role": "user", "content": "count"}, {"role": "assistant", "content": "1 2 3 4 5"}]}],
+            steps=3,
+        )
+        assert len(losses) == 3 and backend.current_step(model) == 0
+        history = trainer.train([{"input": {"messages": [("user", "numbers")]}}], steps=3, progress=False)
+        updates = sum(int(m["train/updated"]) for m in history)
+        assert backend.current_step(model) == updates
+        checkpoints = tmp_path / "service" / "p" / "checkpoints" / "remote"
+        assert (checkpoints / f"step-{updates:06d}" / "adapter_config.json").exists()
+        served = [a["name"] for a in httpx.get(f"{service.base_url}/adapters").json()["data"]]
+        assert f"remote@{updates}" in served
+        assert backend.store(model).count() == 12  # trajectories stay on the client
+        assert (trainer.run_dir / "metrics.jsonl").exists()
+
+
+def test_a_service_without_training_api_says_so(server: Any, tmp_path: Path) -> None:
+    model = art.TrainableModel(name="norouter", project="p").register(art.RemoteBackend(server.base_url, home=tmp_path))
+    with pytest.raises(ConfigError, match="no training API"):
+        model.backend.current_step(model)  # type: ignore[attr-defined]
