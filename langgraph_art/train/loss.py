@@ -112,8 +112,19 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: tor
 
     logits: [B, T, V] (position t predicts targets[:, t]); targets: [B, T]; temperature: [B] -> [B, T].
     """
+    return token_logprobs_and_entropy(logits, targets, temperature)[0]
+
+
+def token_logprobs_and_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both from one ``log_softmax``: logprobs of the targets [B, T] (with grad) and the entropy [B, T] (detached)."""
     scaled = logits.float() / temperature.clamp(min=1e-6).view(-1, 1, 1)
-    return torch.log_softmax(scaled, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    logp = torch.log_softmax(scaled, dim=-1)  # [B, T, V]
+    chosen = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():
+        ent = -(logp.exp() * logp).sum(-1)
+    return chosen, ent
 
 
 def entropy(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:

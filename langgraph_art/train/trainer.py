@@ -27,7 +27,7 @@ from langgraph_art.errors import LangGraphArtError
 from langgraph_art.models.loading import load_causal_lm
 from langgraph_art.train import checkpoint
 from langgraph_art.train.advantages import group_advantages
-from langgraph_art.train.loss import entropy, policy_loss, token_logprobs
+from langgraph_art.train.loss import policy_loss, token_logprobs, token_logprobs_and_entropy
 from langgraph_art.train.tokenize import TokenizeReport, TrainSequence, build_sequences
 from langgraph_art.types import TrajectoryGroup
 
@@ -108,7 +108,7 @@ class GRPOTrainer:
             ids, attn, mask, old, adv, temp = _tensors(batch, self.tokenizer.pad_token_id, self.device)
             logits = self.model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # [B, T-1, V]
             targets, mask, old, adv = ids[:, 1:], mask[:, 1:], old[:, 1:], adv[:, 1:]
-            logprobs = token_logprobs(logits, targets, temp)  # [B, T-1]
+            logprobs, token_entropy = token_logprobs_and_entropy(logits, targets, temp)  # [B, T-1] each
             ref = self._reference_logprobs(ids, attn, targets, temp) if cfg.beta else None
             loss, stats = policy_loss(
                 logprobs,
@@ -132,11 +132,9 @@ class GRPOTrainer:
                 )
             (loss * weight).backward()
             share = stats.tokens / max(total_tokens, 1)
-            with torch.no_grad():
-                token_entropy = float((entropy(logits, temp) * mask).sum() / mask.sum().clamp(min=1))
             sums["loss"] += float(loss) * weight
             for key, value in (
-                ("entropy", token_entropy),
+                ("entropy", float((token_entropy * mask).sum() / mask.sum().clamp(min=1))),
                 ("kl", stats.kl),
                 ("clip_fraction", stats.clip_fraction),
                 ("ratio_mean", stats.ratio_mean),
