@@ -322,7 +322,14 @@ class HFEngine:
         top_ps = torch.tensor([r.job.request.params.top_p for r in rows], device=device)
         want_top = max(r.job.request.params.top_logprobs for r in rows)
 
-        out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+        padded = bool((mask == 0).any())  # without padding the model needs no mask: plain causal attention
+        out = model(
+            input_ids=input_ids,
+            attention_mask=mask if padded else None,
+            position_ids=positions,
+            use_cache=True,
+            logits_to_keep=1,
+        )
         cache = _cache_of(out)
         next_pos = positions[:, -1:] + 1  # [B, 1]
         active = list(range(len(rows)))  # indices into `rows` of the rows still in the batch
@@ -355,7 +362,7 @@ class HFEngine:
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
             out = model(
                 input_ids=tokens.unsqueeze(-1),
-                attention_mask=mask,
+                attention_mask=mask if padded else None,
                 position_ids=next_pos,
                 use_cache=True,
                 **{self._cache_kwarg: cache},
