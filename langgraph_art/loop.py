@@ -23,6 +23,7 @@ from langchain_core.runnables import Runnable
 from langgraph_art.capture.rollout import gather_groups
 from langgraph_art.config import GRPOConfig
 from langgraph_art.errors import ConfigError
+from langgraph_art.progress import ProgressBar
 from langgraph_art.rewards.combine import score_groups
 from langgraph_art.service import LocalBackend, RemoteBackend, TrainableModel
 
@@ -71,12 +72,10 @@ class Trainer:
             raise ConfigError("scenarios is empty: pass a list of {'input': ..., **reference data} dicts")
         self.backend.trainer(self.model, self.config)  # load (or resume) before the first rollout
         cycle = itertools.cycle(scenarios)
-        bar = _Bar(steps, progress)
-        with bar:
+        with ProgressBar("training", steps, progress) as bar:
             for _ in range(steps):
-                batch = [next(cycle) for _ in range(self.scenarios_per_step)]
-                metrics = self.train_step(batch)
-                bar.update(metrics)
+                m = self.train_step([next(cycle) for _ in range(self.scenarios_per_step)])
+                bar.advance(f"reward {m['reward/mean']:.3f} ± {m['reward/std']:.3f}  step {m['time/step_s']:.2f}s")
         self.plot()
         return self.history
 
@@ -153,35 +152,3 @@ class Trainer:
         fig.savefig(target, dpi=100, bbox_inches="tight")
         plt.close(fig)
         return target
-
-
-class _Bar:
-    """A rich progress bar showing step, reward mean/std and step time."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        self._bar: Any = None
-        if enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self._bar = Progress(
-                TextColumn("training"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[info]}"),
-                TimeElapsedColumn(),
-            )
-            self._task = self._bar.add_task("train", total=total, info="")
-
-    def __enter__(self) -> _Bar:
-        if self._bar is not None:
-            self._bar.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-
-    def update(self, m: dict[str, float]) -> None:
-        if self._bar is not None:
-            info = f"reward {m['reward/mean']:.3f} ± {m['reward/std']:.3f}  step {m['time/step_s']:.2f}s"
-            self._bar.update(self._task, advance=1, info=info)

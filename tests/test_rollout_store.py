@@ -154,3 +154,17 @@ def test_a_killed_process_loses_only_runs_in_flight(tmp_path: Path) -> None:
     assert all(t.spans[0].name == "n" * 500 for t in store.trajectories())  # no torn rows
     with store._lock:
         assert store._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+def test_progress_bar_path_runs_with_any_chat_model() -> None:
+    from langchain_core.language_models import FakeListChatModel
+
+    fake = FakeListChatModel(responses=["a", "b"])
+    graph = StateGraph(MessagesState)
+    graph.add_node("think", lambda s: {"messages": [fake.invoke(s["messages"])]})
+    graph.add_edge(START, "think")
+    (group,) = gather_groups(
+        graph.compile(), [{"input": {"messages": [("user", "x")]}}], num_generations=2, progress=True
+    )
+    assert len(group.completed()) == 2
+    assert all(t.turns()[0].source == "other" and not t.trainable_turns() for t in group.trajectories)

@@ -23,6 +23,7 @@ from langgraph_art.capture.callbacks import TrajectoryCallbackHandler
 from langgraph_art.capture.messages import to_jsonable
 from langgraph_art.capture.recorder import TurnRecorder
 from langgraph_art.errors import ConfigError, LangGraphArtError
+from langgraph_art.progress import ProgressBar
 from langgraph_art.store import TrajectoryStore
 from langgraph_art.types import Trajectory, TrajectoryGroup
 
@@ -185,7 +186,8 @@ async def agather_groups(
         )
         for s in scenarios
     ]
-    bar = _Progress(len(scenarios) * num_generations, progress)
+    bar = ProgressBar("rollouts", len(scenarios) * num_generations, progress, transient=True)
+    failures = 0
 
     async def one(group: TrajectoryGroup, scenario: Mapping[str, Any], generation: int) -> Trajectory:
         meta = {**(metadata or {}), "scenario_id": group.scenario_id, "group_id": group.id, "generation": generation}
@@ -193,7 +195,9 @@ async def agather_groups(
             trajectory = await arollout(
                 graph, scenario["input"], config, metadata=meta, recorders=recorders, store=store
             )
-        bar.advance(failed=trajectory.status == "failed")
+        nonlocal failures
+        failures += trajectory.status == "failed"
+        bar.advance(f"{failures} failed")
         return trajectory
 
     with bar:
@@ -229,38 +233,3 @@ def gather_groups(
     except RuntimeError:
         return asyncio.run(agather_groups(graph, scenarios, num_generations, **kwargs))
     raise LangGraphArtError("gather_groups() was called inside a running event loop: use await agather_groups()")
-
-
-class _Progress:
-    """A rich progress bar (runs done, failures) when asked for and stderr is a terminal."""
-
-    def __init__(self, total: int, enabled: bool) -> None:
-        self.total, self.done, self.failed = total, 0, 0
-        self._bar: Any = None
-        if enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self._bar = Progress(
-                TextColumn("rollouts"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TextColumn("{task.fields[failed]} failed"),
-                TimeElapsedColumn(),
-                transient=True,
-            )
-            self._task = self._bar.add_task("rollouts", total=total, failed=0)
-
-    def __enter__(self) -> _Progress:
-        if self._bar is not None:
-            self._bar.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-
-    def advance(self, failed: bool) -> None:
-        self.done += 1
-        self.failed += failed
-        if self._bar is not None:
-            self._bar.update(self._task, advance=1, failed=self.failed)
