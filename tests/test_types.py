@@ -62,3 +62,17 @@ def test_json_round_trip_keeps_everything_but_python_state() -> None:
     group = TrajectoryGroup(id="g", scenario_id="s", trajectories=[t, Trajectory(id="f", status="failed")])
     assert [x.id for x in group.completed()] == ["r"] and [x.id for x in group.failed] == ["f"]
     assert TrajectoryGroup.model_validate_json(group.model_dump_json()).model_dump() == group.model_dump()
+
+
+def test_turn_recorder_claims_adopts_and_bounds() -> None:
+    from langgraph_art.capture.recorder import TurnRecorder
+
+    recorder = TurnRecorder(capacity=3)
+    made = lambda i: [Turn(id=f"t{i}", start_time=float(i))]  # noqa: E731
+    for i in range(5):
+        recorder.record(f"call{i}", {"langgraph_art_run": "r1"} if i == 4 else {}, float(i), lambda i=i: made(i))
+    assert recorder.evicted_unclaimed == 2 and [t.id for t in recorder.unclaimed()] == ["t2", "t3", "t4"]
+    recorder.claim("call2")
+    taken = recorder.take_unclaimed("r1", 0.0, 3.5)
+    assert [(t.id, by_metadata) for t, by_metadata in taken] == [("t3", False), ("t4", True)]
+    assert recorder.unclaimed() == []

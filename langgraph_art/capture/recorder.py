@@ -7,6 +7,7 @@ that callbacks never see, such as calls made from a node's own raw thread pool).
 from __future__ import annotations
 
 import logging
+import math
 import re
 import threading
 import time
@@ -149,9 +150,9 @@ class TurnRecorder:
     model, so the call id in the response is the one key both sides always see.)
 
     Entries are cheap until needed: the turns are built only when adopted. A ``TrajectoryCallbackHandler`` given
-    this recorder claims the calls it also saw through callbacks; at the end of each run it adopts the unclaimed
-    calls that belong to that run (by run metadata, else by time when no other run overlapped). Nothing is
-    dropped silently: calls evicted unclaimed are logged and counted.
+    this recorder claims (removes) the calls it also saw through callbacks; when a run's trajectory is assembled
+    it adopts the unclaimed calls that belong to that run (by run metadata, else by time when no other run
+    overlapped). Nothing is dropped silently: calls evicted unclaimed (beyond ``capacity``) are logged and counted.
     """
 
     def __init__(self, capacity: int = 10_000) -> None:
@@ -166,18 +167,21 @@ class TurnRecorder:
         key = run_id or uuid.uuid4().hex
         with self._lock:
             self._calls[key] = _Recorded(metadata.get("langgraph_art_run"), start, build)
-            while len(self._calls) > self.capacity:
-                _, old = self._calls.popitem(last=False)
-                if not old.claimed:
-                    self.evicted_unclaimed += 1
-                    log.warning("TurnRecorder full (capacity %d): dropped an unclaimed call", self.capacity)
+            while len(self._calls) > self.capacity:  # everything still here is unclaimed
+                self._calls.popitem(last=False)
+                self.evicted_unclaimed += 1
+                if math.log10(self.evicted_unclaimed).is_integer():  # 1, 10, 100...: said, not spammed
+                    log.warning(
+                        "TurnRecorder full (capacity %d): %d unclaimed call(s) dropped so far; give "
+                        "llm.recorder to a TrajectoryCallbackHandler to keep them",
+                        self.capacity,
+                        self.evicted_unclaimed,
+                    )
 
     def claim(self, call_id: str) -> None:
-        """Mark a call as captured through callbacks."""
+        """A handler saw this call through callbacks: forget it (the handler has it)."""
         with self._lock:
-            entry = self._calls.get(call_id)
-            if entry is not None:
-                entry.claimed = True
+            self._calls.pop(call_id, None)
 
     def take_unclaimed(self, run_key: str | None, start: float, end: float) -> list[tuple[Turn, bool]]:
         """Unclaimed calls of one root run, built: ``(turn, matched_by_metadata)``.
@@ -187,20 +191,18 @@ class TurnRecorder:
         """
         chosen: list[tuple[_Recorded, bool]] = []
         with self._lock:
-            for entry in self._calls.values():
-                if entry.claimed:
-                    continue
+            for key, entry in list(self._calls.items()):
                 by_metadata = entry.owner is not None and entry.owner == run_key
                 by_time = entry.owner is None and start <= entry.start <= end
                 if by_metadata or by_time:
-                    entry.claimed = True
+                    del self._calls[key]
                     chosen.append((entry, by_metadata))
         return [(turn, by_metadata) for entry, by_metadata in chosen for turn in entry.build()]
 
     def unclaimed(self) -> list[Turn]:
         """Calls no handler has claimed or adopted (yet)."""
         with self._lock:
-            entries = [e for e in self._calls.values() if not e.claimed]
+            entries = list(self._calls.values())
         return [turn for entry in entries for turn in entry.build()]
 
 
@@ -209,7 +211,6 @@ class _Recorded:
     owner: str | None
     start: float
     build: Callable[[], list[Turn]]
-    claimed: bool = False
 
 
 def now() -> float:
