@@ -108,6 +108,8 @@ class LocalBackend:
                     model.base_model, config, checkpoint_dir=self.checkpoint_dir(model), device=self.device
                 )
                 self._trainers[model.name] = trainer
+            elif config is not None:
+                trainer.update_config(config)
             return trainer
 
     def current_step(self, model: TrainableModel) -> int:

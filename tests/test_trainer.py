@@ -207,3 +207,12 @@ def test_config_errors_say_how_to_fix() -> None:
         GRPOConfig(learning_rate=2.0)
     with pytest.raises(Exception, match="extra"):
         GRPOConfig(lr=1e-3)  # type: ignore[call-arg]
+
+
+def test_config_updates_keep_the_lora_shape(trainer: GRPOTrainer) -> None:
+    from langgraph_art.errors import ConfigError
+
+    trainer.update_config(CONFIG.model_copy(update={"learning_rate": 1e-3}))
+    assert trainer.optimizer.param_groups[0]["lr"] == 1e-3
+    with pytest.raises(ConfigError, match="lora_r"):
+        trainer.update_config(CONFIG.model_copy(update={"lora_r": 16}))

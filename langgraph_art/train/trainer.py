@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from langgraph_art.config import GRPOConfig
-from langgraph_art.errors import LangGraphArtError
+from langgraph_art.errors import ConfigError, LangGraphArtError
 from langgraph_art.models.loading import load_causal_lm
 from langgraph_art.train import checkpoint
 from langgraph_art.train.advantages import group_advantages
@@ -78,6 +78,19 @@ class GRPOTrainer:
         )
         self.step_count = 0
         self._resume()
+
+    def update_config(self, config: GRPOConfig) -> None:
+        """Take new hyper-parameters for the next steps; the LoRA's shape cannot change under a live adapter."""
+        shape = ("lora_r", "lora_alpha", "lora_dropout", "target_modules")
+        changed = [k for k in shape if getattr(config, k) != getattr(self.config, k)]
+        if changed:
+            raise ConfigError(
+                f"{changed} cannot change for a model that already has a LoRA; train a new model "
+                "(another name) to use a different LoRA shape"
+            )
+        self.config = config
+        for group in self.optimizer.param_groups:
+            group["lr"], group["weight_decay"] = config.learning_rate, config.weight_decay
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         """The LoRA parameters (listed once: walking the module tree every step costs milliseconds)."""
