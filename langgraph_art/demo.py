@@ -7,7 +7,8 @@ the value. Prints the reward curve and writes it as a PNG.
 
 The RL learning rate is 50x below the warm-up's on purpose: Adam moves every LoRA weight by about the learning
 rate each step, and with 8 runs per group and 0/1 rewards most of the gradient is noise; at 1e-3 and above the
-warmed-up policy got worse step by step, at 2e-4 it improves (mean reward ~0.4 -> ~0.9 of 2 in 30 steps).
+warmed-up policy got worse step by step; at 2e-4 it improves, noisily: mean reward (out of 2) over the first vs
+the last 5 of 40 steps went 0.43 -> 0.89 and 0.50 -> 0.61 in two runs (0.54 -> 0.72 at 5e-4).
 """
 
 from __future__ import annotations
