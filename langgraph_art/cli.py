@@ -68,7 +68,7 @@ def serve(
 
 @app.command()
 def demo(
-    steps: Annotated[int, typer.Option(help="GRPO steps (2 scenarios x 8 runs each)")] = 40,
+    steps: Annotated[int, typer.Option(help="GRPO steps (2 scenarios x 16 runs each)")] = 40,
     warmup_steps: Annotated[int, typer.Option(help="SFT warm-up steps before RL")] = 60,
     home: Annotated[str, typer.Option(help="where checkpoints, runs and the store go")] = ".art",
 ) -> None:

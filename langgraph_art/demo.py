@@ -5,10 +5,11 @@ model first gets a short SFT warm-up on a few example conversations (it learns t
 reliably), then GRPO with two rewards: it called ``lookup`` with the right key, and its final answer contains
 the value. Prints the reward curve and writes it as a PNG.
 
-The RL learning rate is 50x below the warm-up's on purpose: Adam moves every LoRA weight by about the learning
-rate each step, and with 8 runs per group and 0/1 rewards most of the gradient is noise; at 1e-3 and above the
-warmed-up policy got worse step by step; at 2e-4 it improves, noisily: mean reward (out of 2) over the first vs
-the last 5 of 40 steps went 0.43 -> 0.89 and 0.50 -> 0.61 in two runs (0.54 -> 0.72 at 5e-4).
+The RL learning rate is ~30x below the warm-up's on purpose: Adam moves every LoRA weight by about the learning
+rate each step, and with few runs per group and 0/1 rewards much of the gradient is noise. With 8 runs per group
+at 1e-3 the warmed-up policy got worse step by step; at 2e-4 it improved only noisily (first-5 vs last-5 mean
+reward, out of 2: 0.43 -> 0.89 and 0.50 -> 0.61). With 16 runs per group at 3e-4 the 5-step means rose steadily:
+0.53, 0.71, 0.80, 0.76, 0.89, 0.75, 0.84, 0.92 and 0.60, 0.66, 0.83, 0.78, 0.81, 0.91, 0.96, 0.74 (~2 min).
 """
 
 from __future__ import annotations
@@ -119,7 +120,8 @@ def run_demo(
     steps: int = 40,
     warmup_steps: int = 60,
     warmup_lr: float = 1e-2,
-    learning_rate: float = 2e-4,
+    learning_rate: float = 3e-4,
+    num_generations: int = 16,
     home: str | Path = ".art",
     echo: Any = print,
 ) -> dict:
@@ -132,7 +134,7 @@ def run_demo(
             build_agent(llm),
             model,
             rewards=[called_lookup, answered],
-            num_generations=8,
+            num_generations=num_generations,
             config=config,
             scenarios_per_step=2,
         )
