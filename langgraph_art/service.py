@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -149,10 +150,9 @@ class LocalBackend:
         )
         if response.status_code != 200:
             raise ConfigError(f"the service could not load checkpoint {folder}: {response.text}")
-        loaded = httpx.get(f"{base_url}/adapters", timeout=30).json()["data"]
-        steps = sorted(int(a["name"].rsplit("@", 1)[1]) for a in loaded if a["name"].startswith(f"{model.name}@"))
-        for old in steps[: max(0, len(steps) - self.keep_loaded)]:  # older steps stay on disk
-            httpx.delete(f"{base_url}/adapters/{model.name}@{old}", timeout=30)
+        loaded = [a["name"] for a in httpx.get(f"{base_url}/adapters", timeout=30).json()["data"]]
+        for name in stale_adapters(loaded, model.name, self.keep_loaded):  # older steps stay on disk
+            httpx.delete(f"{base_url}/adapters/{name}", timeout=30)
 
     def server(self, base_model: str) -> Any:
         """The running embedded server for ``base_model`` (started on first use)."""
@@ -279,6 +279,12 @@ class RemoteBackend:
         if response.status_code != 200:
             raise ConfigError(f"the service at {self.base_url} answered {response.status_code}: {response.text}")
         return response.json()
+
+
+def stale_adapters(loaded: Iterable[str], policy: str, keep: int) -> list[str]:
+    """The loaded ``policy@step`` adapters beyond the newest ``keep``, oldest first (to unload)."""
+    steps = sorted(int(n.rsplit("@", 1)[1]) for n in loaded if n.startswith(f"{policy}@"))
+    return [f"{policy}@{step}" for step in steps[: max(0, len(steps) - keep)]]
 
 
 def _register_policy(base_url: str, api_key: str | None, name: str) -> None:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 
 from langgraph_art.config import GRPOConfig
 from langgraph_art.serve.protocol import error_body
+from langgraph_art.service import stale_adapters
 from langgraph_art.types import TrajectoryGroup
 
 
@@ -53,9 +54,8 @@ def training_router(engine: Any, home: str | Path, *, keep_loaded: int = 4) -> A
 
     async def serve(policy: str, step: int, folder: Path) -> None:
         await engine.load_adapter(f"{policy}@{step}", str(folder))
-        steps = sorted(int(n.rsplit("@", 1)[1]) for n in engine.adapters() if n.startswith(f"{policy}@"))
-        for old in steps[: max(0, len(steps) - keep_loaded)]:
-            await engine.unload_adapter(f"{policy}@{old}")
+        for name in stale_adapters(engine.adapters(), policy, keep_loaded):
+            await engine.unload_adapter(name)
 
     @router.get("/v1/train/{policy}")
     async def status(policy: str, project: str) -> dict[str, Any]:

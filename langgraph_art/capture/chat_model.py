@@ -151,14 +151,7 @@ class ChatART(ChatOpenAI):
     ) -> ChatResult:
         start = time.time()
         result = super()._generate(messages, stop=stop, run_manager=run_manager, **kwargs)
-        self._record(
-            messages,
-            stop,
-            kwargs,
-            LLMResult(generations=[list(result.generations)], llm_output=result.llm_output),
-            run_manager,
-            start,
-        )
+        self._record(messages, stop, kwargs, _as_llm_result(result), run_manager, start)
         return result
 
     async def _agenerate(
@@ -170,14 +163,7 @@ class ChatART(ChatOpenAI):
     ) -> ChatResult:
         start = time.time()
         result = await super()._agenerate(messages, stop=stop, run_manager=run_manager, **kwargs)
-        self._record(
-            messages,
-            stop,
-            kwargs,
-            LLMResult(generations=[list(result.generations)], llm_output=result.llm_output),
-            run_manager,
-            start,
-        )
+        self._record(messages, stop, kwargs, _as_llm_result(result), run_manager, start)
         return result
 
     def _stream(
@@ -239,3 +225,7 @@ class ChatART(ChatOpenAI):
             )
         except Exception:
             log.exception("ChatART could not record a call (the call itself succeeded)")
+
+
+def _as_llm_result(result: ChatResult) -> LLMResult:
+    return LLMResult(generations=[list(result.generations)], llm_output=result.llm_output)
