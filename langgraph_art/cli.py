@@ -1,4 +1,4 @@
-"""``langgraph-art`` command line: ``serve`` the inference service, ``demo`` the main job."""
+"""``langgraph-art`` command line: ``serve`` the inference service, ``demo`` the main job, ``export`` stored runs."""
 
 from __future__ import annotations
 
@@ -78,6 +78,47 @@ def demo(
 
     typer.echo("langgraph-art demo: a LangGraph agent with a lookup tool learns on the embedded tiny model.")
     run_demo(steps=steps, warmup_steps=warmup_steps, home=home, echo=typer.echo)
+
+
+export_app = typer.Typer(help="Send stored runs to other tools.", no_args_is_help=True)
+app.add_typer(export_app, name="export")
+
+
+@export_app.command("langfuse")
+def export_langfuse(
+    project: Annotated[str, typer.Option(help="the project whose store to export")],
+    home: Annotated[str, typer.Option(help="the folder holding the project (LANGGRAPH_ART_HOME)")] = ".art",
+    since: Annotated[int | None, typer.Option(help="only runs sampled by this policy step and later")] = None,
+) -> None:
+    """Send to Langfuse every stored run, score and training step it does not have yet (LANGFUSE_* keys)."""
+    import json
+    from pathlib import Path
+
+    from langgraph_art.errors import ConfigError
+    from langgraph_art.integrations.langfuse import LangfuseExporter
+    from langgraph_art.store import TrajectoryStore
+
+    folder = Path(home) / project
+    if not (folder / "trajectories.sqlite").exists():
+        typer.echo(f"No store at {folder / 'trajectories.sqlite'}: check --project and --home.", err=True)
+        raise typer.Exit(2)
+    records = []
+    for path in sorted(folder.glob("runs/*/metrics.jsonl")):
+        for line in path.read_text().splitlines():
+            record = json.loads(line) if line.strip() else None
+            if record and "run" in record and (since is None or record.get("policy_step", 0) >= since):
+                records.append(record)
+    with TrajectoryStore.for_project(project, home) as store:
+        try:
+            exporter = LangfuseExporter(store)
+        except ConfigError as exc:
+            typer.echo(str(exc), err=True)
+            raise typer.Exit(2) from exc
+        typer.echo(f"Exporting {folder} to {exporter.settings.base_url} ...")
+        report = exporter.export(since_step=since, steps=records)
+    typer.echo(f"Langfuse: {report}")
+    if not report.ok:
+        raise typer.Exit(1)
 
 
 if __name__ == "__main__":  # pragma: no cover

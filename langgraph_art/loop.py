@@ -3,7 +3,8 @@
 Each step gathers ``num_generations`` runs of the next scenarios with the current policy, stores them, scores
 them, trains one LoRA update and serves the new checkpoint as ``name@step``; the next step's runs use it.
 Metrics go to ``<home>/<project>/runs/<name>/metrics.jsonl`` (one line per step) and the reward curve to
-``reward_curve.png`` beside it.
+``reward_curve.png`` beside it. With Langfuse configured (``LANGFUSE_*`` variables or ``langfuse=True``), each
+step's runs, rewards and metrics are exported in the background (see ``integrations/langfuse``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from langgraph_art.errors import ConfigError
 from langgraph_art.progress import ProgressBar
 from langgraph_art.rewards.combine import score_groups
 from langgraph_art.service import LocalBackend, RemoteBackend, TrainableModel
+from langgraph_art.train.advantages import group_advantages
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,10 @@ class Trainer:
         config: GRPOConfig | None = None,
         scenarios_per_step: int = 1,
         max_concurrency: int = 8,
+        langfuse: Any = None,
     ) -> None:
+        """``langfuse``: None exports to Langfuse when ``LANGFUSE_PUBLIC_KEY``/``LANGFUSE_SECRET_KEY`` are set,
+        True requires it, False never; or pass your own ``LangfuseExporter``."""
         if not rewards:
             raise ConfigError("Trainer needs at least one reward: rewards=[my_reward_fn, art.RulerJudge(...)]")
         if not isinstance(model.backend, LocalBackend | RemoteBackend):
@@ -55,6 +60,7 @@ class Trainer:
         self.store = self.backend.store(model)
         self.run_id = uuid.uuid4().hex[:12]
         self.history: list[dict[str, float]] = []
+        self.exporter = _langfuse_exporter(langfuse, self.store)
 
     @property
     def run_dir(self) -> Path:
@@ -72,15 +78,36 @@ class Trainer:
             raise ConfigError("scenarios is empty: pass a list of {'input': ..., **reference data} dicts")
         self.backend.trainer(self.model, self.config)  # load (or resume) before the first rollout
         cycle = itertools.cycle(scenarios)
-        with ProgressBar("training", steps, progress) as bar:
-            for _ in range(steps):
-                m = self.train_step([next(cycle) for _ in range(self.scenarios_per_step)])
-                bar.advance(f"reward {m['reward/mean']:.3f} ± {m['reward/std']:.3f}  step {m['time/step_s']:.2f}s")
+        try:
+            with ProgressBar("training", steps, progress) as bar:
+                for _ in range(steps):
+                    m = self.train_step([next(cycle) for _ in range(self.scenarios_per_step)])
+                    bar.advance(f"reward {m['reward/mean']:.3f} ± {m['reward/std']:.3f}  step {m['time/step_s']:.2f}s")
+        finally:
+            self.flush_exports()
         self.plot()
         return self.history
 
+    def flush_exports(self, timeout: float = 30.0) -> None:
+        """Wait (bounded) for the background Langfuse export; say what did not arrive and how to send it."""
+        if self.exporter is None:
+            return
+        if not self.exporter.flush(timeout):
+            log.warning("Langfuse export still running after %.0f s; it goes on in the background", timeout)
+        if self.exporter.backlog:
+            log.warning(
+                "Langfuse: %d item(s) not delivered yet (%s). Everything is in the store; send the rest with: "
+                "langgraph-art export langfuse --project %s --home %s",
+                self.exporter.backlog,
+                self.exporter.last.errors[-1] if self.exporter.last.errors else "unknown error",
+                self.model.project,
+                self.backend.home,
+            )
+        else:
+            log.info("Langfuse: %s", self.exporter.total)
+
     def train_step(self, scenarios: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-        started = time.perf_counter()
+        started, wall = time.perf_counter(), time.time()
         policy_step = self.backend.current_step(self.model)
         groups = gather_groups(
             self.graph,
@@ -94,7 +121,11 @@ class Trainer:
         )
         rollout_s = time.perf_counter() - started
         report = score_groups(groups, self.rewards)
-        for group in groups:  # rewards are part of the record
+        advantages = group_advantages(groups, self.config.scale_rewards).by_trajectory
+        for group in groups:  # rewards (and the advantage each run will get) are part of the record
+            for t in group.trajectories:
+                if t.id in advantages:
+                    t.metadata["advantage"] = advantages[t.id]
             self.store.add_group(group)
         result = self.backend.train_step(self.model, groups, self.config)
         rewards = [t.reward for g in groups for t in g.completed() if t.reward is not None]
@@ -114,8 +145,18 @@ class Trainer:
             log.warning("step skipped: %s", result.reason)
         self.history.append(metrics)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        record = {
+            "run": self.run_id,
+            "iteration": len(self.history),  # 1, 2, ... in this run ("step" is the checkpoint, which may not move)
+            "model": self.model.name,
+            "started": wall,
+            "finished": time.time(),
+            **metrics,
+        }
         with (self.run_dir / "metrics.jsonl").open("a") as out:
-            out.write(json.dumps({"run": self.run_id, **metrics}) + "\n")
+            out.write(json.dumps(record) + "\n")
+        if self.exporter is not None:
+            self.exporter.submit(step=policy_step, record=record)
         return metrics
 
     def plot(self, path: str | Path | None = None) -> Path | None:
@@ -152,3 +193,22 @@ class Trainer:
         fig.savefig(target, dpi=100, bbox_inches="tight")
         plt.close(fig)
         return target
+
+
+def _langfuse_exporter(setting: Any, store: Any) -> Any:
+    """None (off), or the exporter that ``Trainer(langfuse=...)`` asks for."""
+    if setting is False:
+        return None
+    if setting is not None and setting is not True:
+        if not (hasattr(setting, "submit") and hasattr(setting, "flush")):
+            raise ConfigError(f"langfuse= takes True, False, None or a LangfuseExporter, got {setting!r}")
+        return setting
+    from langgraph_art.integrations.langfuse import LangfuseExporter, LangfuseSettings
+
+    if setting is None:
+        if not LangfuseSettings.configured():
+            return None
+        if not LangfuseSettings.sdk_installed():
+            log.warning("LANGFUSE_* is set but the langfuse SDK is not: pip install 'langgraph-art[langfuse]'")
+            return None
+    return LangfuseExporter(store)

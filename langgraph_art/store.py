@@ -45,6 +45,13 @@ CREATE TABLE IF NOT EXISTS groups (
     created REAL NOT NULL,
     data TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS deliveries (
+    sink TEXT NOT NULL,
+    key TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    sent REAL NOT NULL,
+    PRIMARY KEY (sink, key)
+);
 """
 
 
@@ -133,15 +140,39 @@ class TrajectoryStore:
 
         return _Tx()
 
+    # -- deliveries to other systems (e.g. Langfuse): what arrived, so a re-send sends only the rest --------
+    def delivered(self, sink: str, keys: Iterable[str] | None = None) -> dict[str, str]:
+        """``{key: digest}`` of what ``sink`` confirmed receiving (all of it, or only the given keys)."""
+        with self._lock:
+            rows = self._db.execute("SELECT key, digest FROM deliveries WHERE sink = ?", (sink,)).fetchall()
+        found = dict(rows)
+        return found if keys is None else {k: found[k] for k in keys if k in found}
+
+    def mark_delivered(self, sink: str, items: Iterable[tuple[str, str]]) -> None:
+        """Record ``(key, digest)`` pairs as received by ``sink`` (a changed digest means: send again)."""
+        now = time.time()
+        rows = [(sink, key, digest, now) for key, digest in items]
+        with self._lock, self._transaction():
+            self._db.executemany("INSERT OR REPLACE INTO deliveries VALUES (?, ?, ?, ?)", rows)
+
     # -- reading ---------------------------------------------------------------------------------------------
     def _where(
-        self, step: int | None, scenario_id: str | None, group_id: str | None, node: str | None, status: str | None
+        self,
+        step: int | None,
+        scenario_id: str | None,
+        group_id: str | None,
+        node: str | None,
+        status: str | None,
+        since_step: int | None = None,
     ) -> tuple[str, list[Any]]:
         clauses, args = [], []
         for column, value in (("step", step), ("scenario_id", scenario_id), ("group_id", group_id), ("status", status)):
             if value is not None:
                 clauses.append(f"{column} = ?")
                 args.append(value)
+        if since_step is not None:
+            clauses.append("step >= ?")
+            args.append(since_step)
         if node is not None:
             clauses.append("id IN (SELECT trajectory_id FROM trajectory_nodes WHERE node = ?)")
             args.append(node)
@@ -155,8 +186,9 @@ class TrajectoryStore:
         group_id: str | None = None,
         node: str | None = None,
         status: str | None = None,
+        since_step: int | None = None,
     ) -> Iterator[tuple[Any, ...]]:
-        where, args = self._where(step, scenario_id, group_id, node, status)
+        where, args = self._where(step, scenario_id, group_id, node, status, since_step)
         with self._lock:
             rows = self._db.execute(
                 f"SELECT id, group_id, scenario_id, step, status, reward, created, data FROM trajectories{where} "
@@ -166,7 +198,8 @@ class TrajectoryStore:
         yield from rows
 
     def trajectories(self, **filters: Any) -> list[Trajectory]:
-        """Filter by ``step``, ``scenario_id``, ``group_id``, ``node`` (ran that node) and ``status``."""
+        """Filter by ``step`` (or ``since_step``: that policy step and later), ``scenario_id``, ``group_id``, ``node``
+        (ran that node) and ``status``."""
         return [Trajectory.model_validate_json(row[-1]) for row in self.iter_rows(**filters)]
 
     def count(self, **filters: Any) -> int:
@@ -176,6 +209,7 @@ class TrajectoryStore:
             filters.get("group_id"),
             filters.get("node"),
             filters.get("status"),
+            filters.get("since_step"),
         )
         with self._lock:
             return int(self._db.execute(f"SELECT COUNT(*) FROM trajectories{where}", args).fetchone()[0])

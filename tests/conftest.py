@@ -14,6 +14,11 @@ from pathlib import Path
 
 import pytest
 
+# A developer's real Langfuse keys would make every Trainer in the suite export there (configuration alone enables
+# it). They are taken out of the environment here; only the contract test (test_langfuse_contract.py) uses them.
+LANGFUSE_VARS = ("LANGFUSE_PUBLIC_KEY", "LANGFUSE_SECRET_KEY", "LANGFUSE_BASE_URL", "LANGFUSE_HOST")
+REAL_LANGFUSE = {name: os.environ.pop(name) for name in LANGFUSE_VARS if name in os.environ}
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     try:

@@ -83,3 +83,22 @@ def train_tool_call_adapter(model_path: Path, out: Path, max_steps: int = 300, s
     peft_model.save_pretrained(out)
     (out / "train_info.json").write_text(json.dumps({"final_loss": loss.item(), "steps": steps}))
     return out
+
+
+def tool_loop_graph(llm: Any) -> Any:
+    """agent (ChatART with the weather tool) <-> tools, until the agent answers without a tool call."""
+    from langgraph.graph import START, MessagesState, StateGraph
+    from langgraph.prebuilt import ToolNode, tools_condition
+
+    bound = llm.bind_tools([get_weather])
+
+    def agent(state: MessagesState) -> dict:
+        return {"messages": [bound.invoke(state["messages"])]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", agent)
+    graph.add_node("tools", ToolNode([get_weather]))
+    graph.add_edge(START, "agent")
+    graph.add_conditional_edges("agent", tools_condition)
+    graph.add_edge("tools", "agent")
+    return graph.compile()

@@ -12,13 +12,12 @@ import pytest
 from langchain_core.language_models import FakeListChatModel
 from langchain_core.messages import AIMessage, HumanMessage
 from langgraph.graph import END, START, MessagesState, StateGraph
-from langgraph.prebuilt import ToolNode, tools_condition
 from langgraph.types import Send
 
 from langgraph_art.capture.callbacks import TrajectoryCallbackHandler
 from langgraph_art.capture.chat_model import ChatART
 from langgraph_art.types import Trajectory
-from tests.helpers import WEATHER_ANSWER, WEATHER_PROMPTS, WEATHER_RESULT, get_weather
+from tests.helpers import WEATHER_ANSWER, WEATHER_PROMPTS, WEATHER_RESULT, get_weather, tool_loop_graph
 
 pytestmark = pytest.mark.integration
 
@@ -54,21 +53,6 @@ def react_agent(llm: ChatART):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return create_react_agent(llm, [get_weather])
-
-
-def tool_loop_graph(llm: ChatART):
-    bound = llm.bind_tools([get_weather])
-
-    def agent(state: MessagesState) -> dict:
-        return {"messages": [bound.invoke(state["messages"])]}
-
-    graph = StateGraph(MessagesState)
-    graph.add_node("agent", agent)
-    graph.add_node("tools", ToolNode([get_weather]))
-    graph.add_edge(START, "agent")
-    graph.add_conditional_edges("agent", tools_condition)
-    graph.add_edge("tools", "agent")
-    return graph.compile()
 
 
 def test_prebuilt_react_agent(weather_llm, tokenizer) -> None:

@@ -18,7 +18,8 @@ def test_import_langgraph_art_loads_no_heavy_module() -> None:
 def test_light_submodules_stay_light() -> None:
     code = (
         "import json, sys; import langgraph_art.errors, langgraph_art.serve.engines.base, "
-        "langgraph_art.serve.protocol, langgraph_art.cli, langgraph_art.models.loading; "
+        "langgraph_art.serve.protocol, langgraph_art.cli, langgraph_art.models.loading, "
+        "langgraph_art.integrations.langfuse; "
         f"print(json.dumps([m for m in {list(HEAVY)!r} if m in sys.modules]))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
