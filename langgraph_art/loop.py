@@ -199,11 +199,12 @@ def _langfuse_exporter(setting: Any, store: Any) -> Any:
     """None (off), or the exporter that ``Trainer(langfuse=...)`` asks for."""
     if setting is False:
         return None
-    if setting is not None and setting is not True:
-        if not (hasattr(setting, "submit") and hasattr(setting, "flush")):
-            raise ConfigError(f"langfuse= takes True, False, None or a LangfuseExporter, got {setting!r}")
-        return setting
     from langgraph_art.integrations.langfuse import LangfuseExporter, LangfuseSettings
+
+    if isinstance(setting, LangfuseExporter):
+        return setting
+    if setting is not None and setting is not True:
+        raise ConfigError(f"langfuse= takes True, False, None or a LangfuseExporter, got {setting!r}")
 
     if setting is None:
         if not LangfuseSettings.configured():
