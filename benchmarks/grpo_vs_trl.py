@@ -44,90 +44,102 @@ def digits(text: str) -> float:
     return sum(c.isdigit() for c in chars) / len(chars) + 0.01 * sum(c in "aeiou" for c in chars) / len(chars)
 
 
-def ours(path: str, steps: int) -> tuple[list[float], list[float], list[list[int]]]:
-    """Seconds per full step, seconds of the training part, and one step's token sequences (for the floor)."""
-    engine = HFEngine(path, max_batch_size=N)
-    trainer = GRPOTrainer(
-        path, GRPOConfig(learning_rate=1e-2, per_device_train_batch_size=N), checkpoint_dir=tempfile.mkdtemp()
-    )
-    loop = asyncio.new_event_loop()
-    loop.run_until_complete(engine.start())
-    prompt = list(engine.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, return_dict=False))
-    totals, train_parts, sequences = [], [], []
-    for step in range(steps):
+class Ours:
+    """Our engine samples the group in process, our GRPOTrainer takes the step."""
+
+    def __init__(self, path: str) -> None:
+        self.engine = HFEngine(path, max_batch_size=N)
+        self.trainer = GRPOTrainer(
+            path, GRPOConfig(learning_rate=1e-2, per_device_train_batch_size=N), checkpoint_dir=tempfile.mkdtemp()
+        )
+        self.loop = asyncio.new_event_loop()
+        self.loop.run_until_complete(self.engine.start())
+        self.prompt = list(
+            self.engine.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, return_dict=False)
+        )
+        self.steps = 0
+        self.sequences: list[list[int]] = []
+
+    def step(self) -> tuple[float, float]:
+        """Seconds of the whole step and of its training part."""
         started = time.perf_counter()
-        params = SamplingParams(temperature=1.0, max_tokens=NEW_TOKENS, n=N, seed=step)
-        result = loop.run_until_complete(engine.generate(GenerationRequest(prompt, params)))
+        params = SamplingParams(temperature=1.0, max_tokens=NEW_TOKENS, n=N, seed=self.steps)
+        result = self.loop.run_until_complete(self.engine.generate(GenerationRequest(self.prompt, params)))
         runs = []
         for sample in result.samples:
             turn = Turn(
-                id=f"{step}-{sample.index}",
+                id=f"{self.steps}-{sample.index}",
                 node="agent",
-                prompt_token_ids=prompt,
+                prompt_token_ids=self.prompt,
                 token_ids=sample.token_ids,
                 logprobs=sample.logprobs,
                 params={"temperature": 1.0},
             )
-            runs.append(
-                Trajectory(
-                    id=turn.id,
-                    status="ok",
-                    reward=digits(sample.text),
-                    spans=[NodeSpan(id=turn.id, name="agent", turns=[turn])],
-                )
-            )
+            spans = [NodeSpan(id=turn.id, name="agent", turns=[turn])]
+            runs.append(Trajectory(id=turn.id, status="ok", reward=digits(sample.text), spans=spans))
         train_start = time.perf_counter()
-        trainer.step([TrajectoryGroup(id=str(step), trajectories=runs)])
+        self.trainer.step([TrajectoryGroup(id=str(self.steps), trajectories=runs)])
         end = time.perf_counter()
-        totals.append(end - started)
-        train_parts.append(end - train_start)
-        sequences = [prompt + s.token_ids for s in result.samples]
-    loop.run_until_complete(engine.close())
-    return totals, train_parts, sequences
+        self.steps += 1
+        self.sequences = [self.prompt + s.token_ids for s in result.samples]
+        return end - started, end - train_start
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.engine.close())
 
 
-def bare(path: str, sequences: list[list[int]], steps: int) -> list[float]:
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
+class Bare:
+    """A plain peft model: forward, summed log-likelihood, backward, AdamW over the given token sequences."""
 
-    model = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
-        LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"),
-    )
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    width = max(len(s) for s in sequences)
-    ids = torch.zeros((len(sequences), width), dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    for row, seq in enumerate(sequences):
-        ids[row, : len(seq)] = torch.tensor(seq)
-        attn[row, : len(seq)] = 1
-    times = []
-    for _ in range(steps):
+    def __init__(self, path: str) -> None:
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoModelForCausalLM
+
+        self.model = get_peft_model(
+            AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
+            LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"),
+        )
+        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=1e-2)
+
+    def step(self, sequences: list[list[int]]) -> float:
+        width = max(len(s) for s in sequences)
+        ids = torch.zeros((len(sequences), width), dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for row, seq in enumerate(sequences):
+            ids[row, : len(seq)] = torch.tensor(seq)
+            attn[row, : len(seq)] = 1
         start = time.perf_counter()
-        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+        logits = self.model(input_ids=ids, attention_mask=attn).logits[:, :-1]
         loss = -torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).sum() / attn.sum()
-        optimizer.zero_grad()
+        self.optimizer.zero_grad()
         loss.backward()
-        optimizer.step()
-        times.append(time.perf_counter() - start)
-    return times
+        self.optimizer.step()
+        return time.perf_counter() - start
 
 
-def trl(path: str, steps: int) -> list[float]:
+def interleaved(path: str, steps: int) -> dict[str, list[float]]:
+    """TRL trains; right after each of its steps (timed by a callback), we take one step and the bare baseline
+    one, so all three see the same machine state: on a shared 2-core machine, speed drifts by tens of percent
+    within seconds, and running the three one after the other measured the drift as much as the code."""
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import TrainerCallback
     from trl import GRPOConfig as TRLConfig
     from trl import GRPOTrainer as TRLTrainer
 
-    times: list[float] = []
+    ours, floor = Ours(path), Bare(path)
+    times: dict[str, list[float]] = {"trl": [], "ours": [], "ours_train": [], "bare": []}
 
-    class Clock(TrainerCallback):
+    class Interleave(TrainerCallback):
         def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
             self.start = time.perf_counter()
 
         def on_step_end(self, *args: Any, **kwargs: Any) -> None:
-            times.append(time.perf_counter() - self.start)
+            times["trl"].append(time.perf_counter() - self.start)
+            total, train = ours.step()
+            times["ours"].append(total)
+            times["ours_train"].append(train)
+            times["bare"].append(floor.step(ours.sequences))
 
     def reward(completions: list[Any], **_: Any) -> list[float]:
         return [digits(c[0]["content"] if isinstance(c, list) else c) for c in completions]
@@ -159,9 +171,10 @@ def trl(path: str, steps: int) -> list[float]:
         args=args,
         train_dataset=data,
         peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"),
-        callbacks=[Clock()],
+        callbacks=[Interleave()],
     )
     trainer.train()
+    ours.close()
     return times
 
 
@@ -174,15 +187,12 @@ def main() -> None:
     torch.set_num_threads(1)
     rows = []
     for name in args.models.split(","):
-        path = resolve_model(name)
-        total, train_part, sequences = ours(path, args.warmup + args.steps)
-        floor = bare(path, sequences, args.warmup + args.steps)
-        theirs = trl(path, args.warmup + args.steps)
-        skip = args.warmup
-        ours_step, ours_train = statistics.median(total[skip:]), statistics.median(train_part[skip:])
-        trl_step, bare_step = statistics.median(theirs[skip:]), statistics.median(floor[skip:])
-        tokens = N * NEW_TOKENS
-        rows.append((name, ours_step, trl_step, tokens / ours_step, tokens / trl_step, ours_train, bare_step))
+        times = interleaved(resolve_model(name), args.warmup + args.steps)
+        kept = {key: values[args.warmup :] for key, values in times.items()}
+        med = {key: statistics.median(values) for key, values in kept.items()}
+        ratio = statistics.median([t / o for t, o in zip(kept["trl"], kept["ours"], strict=True)])
+        floor = statistics.median([o / b for o, b in zip(kept["ours_train"], kept["bare"], strict=True)])
+        rows.append((name, med, ratio, floor))
     print(
         f"1 prompt x {N} completions x {NEW_TOKENS} tokens, LoRA r=8, median of {args.steps} steps "
         f"after {args.warmup} warm-up, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}"
@@ -192,11 +202,14 @@ def main() -> None:
         "bare fwd+bwd ms | training / bare |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for name, o, t, otok, ttok, train, floor_ms in rows:
+    tokens = N * NEW_TOKENS
+    for name, med, ratio, floor in rows:
         print(
-            f"| {name} | {o * 1e3:.0f} | {t * 1e3:.0f} | {otok:.0f} | {ttok:.0f} | {otok / ttok:.2f}x | "
-            f"{train * 1e3:.0f} | {floor_ms * 1e3:.0f} | {train / floor_ms:.2f}x |"
+            f"| {name} | {med['ours'] * 1e3:.0f} | {med['trl'] * 1e3:.0f} | {tokens / med['ours']:.0f} | "
+            f"{tokens / med['trl']:.0f} | {ratio:.2f}x | {med['ours_train'] * 1e3:.0f} | {med['bare'] * 1e3:.0f} | "
+            f"{floor:.2f}x |"
         )
+    print("ratios are medians of per-step ratios (each TRL step paired with the step of ours that follows it)")
 
 
 if __name__ == "__main__":

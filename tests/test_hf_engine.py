@@ -65,6 +65,24 @@ async def test_seeded_requests_reproduce_and_choices_differ(engine: HFEngine) ->
     assert len({tuple(s.token_ids) for s in first.samples}) > 1  # seed + i per choice, as vLLM does
 
 
+async def test_shared_prompts_are_prefilled_once_and_sample_as_if_alone(engine: HFEngine) -> None:
+    """A GRPO group's identical prompts share one prefill (their rows copy its KV cache); each sample must be
+    what it would have been alone: same seeded tokens, logprobs of the same distribution."""
+    a, b = prompt(engine, "tell me about the weather"), prompt(engine, "a much longer question about the sea, please")
+    params = SamplingParams(temperature=1.0, max_tokens=12, n=3, seed=5)
+    shared = engine.prefills_shared
+    together = await asyncio.gather(*(engine.generate(GenerationRequest(p, params)) for p in (a, b, a)))
+    for ids, result in zip((a, b, a), together, strict=True):
+        for i, sample in enumerate(result.samples):
+            one = SamplingParams(temperature=1.0, max_tokens=12, n=1, seed=5 + i)
+            (alone,) = (await engine.generate(GenerationRequest(ids, one))).samples
+            assert sample.token_ids == alone.token_ids
+            assert max(abs(x - y) for x, y in zip(sample.logprobs, alone.logprobs, strict=True)) < 1e-4
+            ref = reference_logprobs(engine, ids, sample.token_ids, 1.0)
+            assert max(abs(x - y) for x, y in zip(ref, sample.logprobs, strict=True)) < 1e-4
+    assert engine.prefills_shared - shared >= 6  # 9 rows of 2 prompts: at most 3 prefills (one batch: 2)
+
+
 async def test_max_tokens_gives_length_and_eos_gives_stop(engine: HFEngine, tool_adapter: Path) -> None:
     ids = prompt(engine)
     result = await engine.generate(GenerationRequest(ids, SamplingParams(max_tokens=5)))

@@ -216,3 +216,46 @@ def test_config_updates_keep_the_lora_shape(trainer: GRPOTrainer) -> None:
     assert trainer.optimizer.param_groups[0]["lr"] == 1e-3
     with pytest.raises(ConfigError, match="lora_r"):
         trainer.update_config(CONFIG.model_copy(update={"lora_r": 16}))
+
+
+def test_right_padded_batches_need_no_attention_mask(trainer: GRPOTrainer) -> None:
+    """The trainer runs padded micro-batches without an attention mask: each real token's logprob must equal the
+    one from that sequence run alone (causal attention never looks at the padding after it)."""
+    from langgraph_art.train.trainer import _tensors
+
+    runs = [make_group(trainer, [1.0, 0.0]).trajectories[0]]
+    runs[0].spans[0].turns[0].token_ids = runs[0].spans[0].turns[0].token_ids[:3]  # a shorter second sequence
+    runs[0].spans[0].turns[0].logprobs = runs[0].spans[0].turns[0].logprobs[:3]
+    runs.append(make_group(trainer, [1.0, 0.0], gid="h").trajectories[1])
+    sequences = build_sequences(runs, Advantages(by_trajectory={t.id: 1.0 for t in runs}), trainer.tokenizer)
+    assert len({len(s) for s in sequences}) == 2
+    ids, mask, *_ = _tensors(sequences, trainer.tokenizer.pad_token_id, "cpu")
+    with torch.no_grad():
+        batched = torch.log_softmax(trainer.model(input_ids=ids).logits, -1)
+        for row, seq in enumerate(sequences):
+            alone = torch.log_softmax(trainer.model(input_ids=torch.tensor([seq.input_ids])).logits[0], -1)
+            assert torch.allclose(batched[row, : len(seq)], alone, atol=1e-5)
+    assert int(mask.sum()) == sum(sum(s.mask) for s in sequences)
+
+
+def test_logits_are_computed_only_where_tokens_are_trained(trainer: GRPOTrainer) -> None:
+    """The LM head runs from the first trained position on; the logprobs there equal the full computation's."""
+    from langgraph_art.train.loss import token_logprobs
+    from langgraph_art.train.trainer import _first_trained_position, _tensors
+
+    runs = make_group(trainer, [1.0, 0.0, 0.5]).trajectories
+    runs[1].spans[0].turns[0].prompt_token_ids = runs[1].spans[0].turns[0].prompt_token_ids[:4]  # starts earlier
+    sequences = build_sequences(runs, Advantages(by_trajectory={t.id: 1.0 for t in runs}), trainer.tokenizer)
+    ids, mask, _, _, temp = _tensors(sequences, trainer.tokenizer.pad_token_id, "cpu")
+    first = _first_trained_position(sequences)
+    assert first == min(s.mask.index(1) for s in sequences) < max(s.mask.index(1) for s in sequences)
+    with torch.no_grad():
+        full = token_logprobs(trainer.model(input_ids=ids).logits[:, :-1], ids[:, 1:], temp)[:, first - 1 :]
+        assert trainer._keeps_logits
+        kept = token_logprobs(trainer._logits(ids, first), ids[:, first:], temp)
+        trainer._keeps_logits = False  # a model without logits_to_keep: full logits, sliced
+        sliced = token_logprobs(trainer._logits(ids, first), ids[:, first:], temp)
+    trained = mask[:, first:].bool()
+    assert kept.shape == sliced.shape == full.shape == trained.shape
+    assert torch.allclose(kept[trained], full[trained], atol=1e-5)
+    assert torch.allclose(sliced[trained], full[trained], atol=1e-6)

@@ -72,13 +72,11 @@ def sft_loss(model: Any, batch: list[TrainSequence], pad: int, device: Any) -> t
     """Mean negative log-likelihood of the masked tokens of one micro-batch, and how many there were."""
     width = max(len(s) for s in batch)
     ids = torch.full((len(batch), width), pad, dtype=torch.long)
-    attn = torch.zeros((len(batch), width), dtype=torch.long)
     mask = torch.zeros((len(batch), width))
     for row, seq in enumerate(batch):
         ids[row, : len(seq)] = torch.tensor(seq.input_ids)
-        attn[row, : len(seq)] = 1
         mask[row, : len(seq)] = torch.tensor(seq.mask, dtype=torch.float)
-    ids, attn, mask = ids.to(device), attn.to(device), mask.to(device)
-    logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # [B, T-1, V]
+    ids, mask = ids.to(device), mask.to(device)
+    logits = model(input_ids=ids).logits[:, :-1]  # [B, T-1, V]; right padding needs no mask (trainer._tensors)
     logprobs = token_logprobs(logits, ids[:, 1:], torch.ones(len(batch), device=device))  # [B, T-1]
     return -masked_mean(logprobs, mask[:, 1:]), int(mask[:, 1:].sum())

@@ -12,6 +12,7 @@ sampler/trainer drift rather than multiple passes.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import time
@@ -72,6 +73,7 @@ class GRPOTrainer:
         )
         self.model = get_peft_model(base, lora)
         self.device = base.device
+        self._keeps_logits = "logits_to_keep" in inspect.signature(base.forward).parameters
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self._params, lr=self.config.learning_rate, weight_decay=self.config.weight_decay, foreach=True
@@ -121,11 +123,12 @@ class GRPOTrainer:
         total_tokens = sum(sum(s.mask) for s in sequences)
         sums: dict[str, float] = {"loss": 0.0, "entropy": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0}
         for batch in batches:
-            ids, attn, mask, old, adv, temp = _tensors(batch, self.tokenizer.pad_token_id, self.device)
-            logits = self.model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # [B, T-1, V]
-            targets, mask, old, adv = ids[:, 1:], mask[:, 1:], old[:, 1:], adv[:, 1:]
-            logprobs, token_entropy = token_logprobs_and_entropy(logits, targets, temp)  # [B, T-1] each
-            ref = self._reference_logprobs(ids, attn, targets, temp) if cfg.beta else None
+            ids, mask, old, adv, temp = _tensors(batch, self.tokenizer.pad_token_id, self.device)
+            first = _first_trained_position(batch)  # nothing before it is trained: no logits needed there
+            logits = self._logits(ids, first)  # [B, T-first, V]: position t predicts token t+1
+            targets, mask, old, adv = ids[:, first:], mask[:, first:], old[:, first:], adv[:, first:]
+            logprobs, token_entropy = token_logprobs_and_entropy(logits, targets, temp)  # [B, T-first] each
+            ref = self._reference_logprobs(ids, first, targets, temp) if cfg.beta else None
             loss, stats = policy_loss(
                 logprobs,
                 old,
@@ -214,12 +217,18 @@ class GRPOTrainer:
             losses.append(loss.item())
         return losses
 
+    def _logits(self, ids: torch.Tensor, first: int) -> torch.Tensor:
+        """Logits of positions ``first-1 .. T-2`` (those predicting tokens ``first .. T-1``). No attention mask:
+        see ``_tensors``. The LM head runs only there (``logits_to_keep``): an agent's long shared context costs
+        no [T, V] logits, which for a 150k vocabulary and 2k tokens would be 1.2 GB per sequence in float32."""
+        if self._keeps_logits:
+            return self.model(input_ids=ids, logits_to_keep=ids.shape[1] - first + 1).logits[:, :-1]
+        return self.model(input_ids=ids).logits[:, first - 1 : -1]
+
     @torch.no_grad()
-    def _reference_logprobs(
-        self, ids: torch.Tensor, attn: torch.Tensor, targets: torch.Tensor, temp: torch.Tensor
-    ) -> torch.Tensor:
+    def _reference_logprobs(self, ids: torch.Tensor, first: int, targets: torch.Tensor, temp: torch.Tensor) -> Any:
         with self.model.disable_adapter():  # the base model is the KL reference
-            logits = self.model(input_ids=ids, attention_mask=attn).logits[:, :-1]
+            logits = self._logits(ids, first)
         return token_logprobs(logits, targets, temp)
 
     # -- checkpoints -----------------------------------------------------------------------------------------
@@ -268,21 +277,29 @@ def _batch_weight(
     return tokens / max(total_tokens, 1)
 
 
+def _first_trained_position(batch: list[TrainSequence]) -> int:
+    """The earliest position any sequence of the micro-batch trains on (>= 1: token 0 has no prediction)."""
+    return max(1, min(seq.mask.index(1) for seq in batch))
+
+
 def _tensors(batch: list[TrainSequence], pad: int, device: Any) -> tuple[torch.Tensor, ...]:
-    """Right-padded [B, T] tensors: ids (pad id in padding), attention mask, loss mask, sampler logprobs,
-    advantages; and the sampling temperature per sequence [B]."""
+    """Right-padded [B, T] tensors: ids (pad id in padding), loss mask, sampler logprobs, advantages; and the
+    sampling temperature per sequence [B].
+
+    No attention mask: with right padding under causal attention, a real token only attends to the real tokens
+    before it, never to the padding after it, so the model runs the plain causal path (no [B, T, T] mask).
+    Positions are 0..T-1 for every row, which is also right. What the padding computes is masked out of the loss.
+    """
     width = max(len(s) for s in batch)
     ids = torch.full((len(batch), width), pad, dtype=torch.long)
-    attn = torch.zeros((len(batch), width), dtype=torch.long)
     mask = torch.zeros((len(batch), width))
     old = torch.zeros((len(batch), width))
     adv = torch.zeros((len(batch), width))
     for row, seq in enumerate(batch):
         n = len(seq)
         ids[row, :n] = torch.tensor(seq.input_ids)
-        attn[row, :n] = 1
         mask[row, :n] = torch.tensor(seq.mask, dtype=torch.float)
         old[row, :n] = torch.tensor(seq.old_logprobs)
         adv[row, :n] = torch.tensor(seq.advantages)
     temp = torch.tensor([s.temperature for s in batch])
-    return tuple(t.to(device) for t in (ids, attn, mask, old, adv, temp))
+    return tuple(t.to(device) for t in (ids, mask, old, adv, temp))

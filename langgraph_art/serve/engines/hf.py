@@ -105,6 +105,7 @@ class HFEngine:
         self._closed = False
         self._ready = False
         self.batches_run = 0  # observability for tests and benchmarks
+        self.prefills_shared = 0  # rows that reused another row's prefill (identical prompts)
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     @property
@@ -309,10 +310,13 @@ class HFEngine:
             for i in range(params.n):
                 gen = random.Random(params.seed + i) if params.seed is not None else None
                 rows.append(_Row(job=job, index=i, generator=gen))
-        prompts = [r.job.request.prompt_token_ids for r in rows]
+        # Identical prompts (a GRPO group's runs, n > 1) are prefilled once; their rows then share its KV cache.
+        unique: dict[tuple[int, ...], int] = {}
+        source = [unique.setdefault(tuple(r.job.request.prompt_token_ids), len(unique)) for r in rows]
+        prompts = list(unique)
         width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(rows), width), self._pad, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        input_ids = torch.full((len(prompts), width), self._pad, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
         for i, prompt in enumerate(prompts):  # left padding: every row's next token lands in the last column
             input_ids[i, width - len(prompt) :] = torch.tensor(prompt)
             mask[i, width - len(prompt) :] = 1
@@ -331,10 +335,16 @@ class HFEngine:
             logits_to_keep=1,
         )
         cache = _cache_of(out)
+        logits = out.logits[:, -1, :]  # [U, V]
+        if len(prompts) < len(rows):  # one cache row (and logits row) per sample, copied from its prompt's
+            self.prefills_shared += len(rows) - len(prompts)
+            index = torch.tensor(source, device=device)
+            cache.batch_select_indices(index)
+            logits, mask, positions = logits[index], mask[index], positions[index]
         next_pos = positions[:, -1:] + 1  # [B, 1]
         active = list(range(len(rows)))  # indices into `rows` of the rows still in the batch
         while True:
-            logprobs = sampling.process_logits(out.logits[:, -1, :], temps, top_ps)  # [B, V]
+            logprobs = sampling.process_logits(logits, temps, top_ps)  # [B, V]
             tokens = sampling.sample_tokens(logprobs, temps <= 0, [rows[i].generator for i in active], self._rng)
             chosen = logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).tolist()  # [B]
             top_values, top_ids = sampling.top_logprobs(logprobs, want_top)
@@ -367,7 +377,7 @@ class HFEngine:
                 use_cache=True,
                 **{self._cache_kwarg: cache},
             )
-            cache = _cache_of(out)
+            cache, logits = _cache_of(out), out.logits[:, -1, :]
             next_pos = next_pos + 1
 
     def _finish_if_done(self, row: _Row) -> bool:
