@@ -148,12 +148,10 @@ class SpanBuilder:
 
     # -- pieces --------------------------------------------------------------------------------------------
     def _node(self, t: Trajectory, tid: str, span: NodeSpan, parent: Any, session: Any, end: float) -> Any:
-        meta = {
+        meta = {  # rewards are not here but in scores: a trace is sent once, scores again when they change
             "langgraph_step": span.step,
             "langgraph_namespace": span.namespace or None,
             "status": span.status,
-            "reward": span.reward,
-            "rewards": span.rewards or None,
         }
         attrs = {**self._observation("span", None, None, meta), **self._level(span.error), **self._session(session)}
         node = self._start(tid, observation_id(t.id, f"span:{span.id}"), span.name, span.start_time, attrs, parent)
