@@ -205,11 +205,9 @@ def _langfuse_exporter(setting: Any, store: Any) -> Any:
         return setting
     if setting is not None and setting is not True:
         raise ConfigError(f"langfuse= takes True, False, None or a LangfuseExporter, got {setting!r}")
-
-    if setting is None:
-        if not LangfuseSettings.configured():
-            return None
-        if not LangfuseSettings.sdk_installed():
-            log.warning("LANGFUSE_* is set but the langfuse SDK is not: pip install 'langgraph-art[langfuse]'")
-            return None
-    return LangfuseExporter(store)
+    if setting is True:
+        return LangfuseExporter(store)
+    if LangfuseSettings.configured() and not LangfuseSettings.sdk_installed():
+        log.warning("LANGFUSE_* is set but the langfuse SDK is not: pip install 'langgraph-art[langfuse]'")
+        return None
+    return LangfuseExporter.from_env(store)

@@ -143,10 +143,18 @@ class TrajectoryStore:
     # -- deliveries to other systems (e.g. Langfuse): what arrived, so a re-send sends only the rest --------
     def delivered(self, sink: str, keys: Iterable[str] | None = None) -> dict[str, str]:
         """``{key: digest}`` of what ``sink`` confirmed receiving (all of it, or only the given keys)."""
-        with self._lock:
-            rows = self._db.execute("SELECT key, digest FROM deliveries WHERE sink = ?", (sink,)).fetchall()
-        found = dict(rows)
-        return found if keys is None else {k: found[k] for k in keys if k in found}
+        query = "SELECT key, digest FROM deliveries WHERE sink = ?"
+        if keys is None:
+            with self._lock:
+                return dict(self._db.execute(query, (sink,)).fetchall())
+        wanted = list(dict.fromkeys(keys))
+        found: dict[str, str] = {}
+        for start in range(0, len(wanted), 500):  # look up only these keys: the ledger grows with every run
+            chunk = wanted[start : start + 500]
+            with self._lock:
+                rows = self._db.execute(f"{query} AND key IN ({','.join('?' * len(chunk))})", (sink, *chunk))
+                found.update(rows.fetchall())
+        return found
 
     def mark_delivered(self, sink: str, items: Iterable[tuple[str, str]]) -> None:
         """Record ``(key, digest)`` pairs as received by ``sink`` (a changed digest means: send again)."""

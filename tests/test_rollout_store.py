@@ -168,3 +168,16 @@ def test_progress_bar_path_runs_with_any_chat_model() -> None:
     )
     assert len(group.completed()) == 2
     assert all(t.turns()[0].source == "other" and not t.trainable_turns() for t in group.trajectories)
+
+
+def test_delivery_ledger_answers_for_the_keys_asked(tmp_path) -> None:
+    from langgraph_art.store import TrajectoryStore
+
+    with TrajectoryStore(tmp_path / "ledger.sqlite") as store:
+        store.mark_delivered("langfuse", [(f"k{i}", f"d{i}") for i in range(1200)])
+        store.mark_delivered("other", [("k1", "x")])
+        asked = [f"k{i}" for i in range(100, 1300)] + ["k100"]  # more than one lookup chunk, a repeat, unknowns
+        assert store.delivered("langfuse", asked) == {f"k{i}": f"d{i}" for i in range(100, 1200)}
+        assert len(store.delivered("langfuse")) == 1200 and store.delivered("other") == {"k1": "x"}
+        store.mark_delivered("langfuse", [("k5", "changed")])
+        assert store.delivered("langfuse", ["k5"]) == {"k5": "changed"}

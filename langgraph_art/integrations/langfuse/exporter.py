@@ -102,7 +102,6 @@ class LangfuseExporter:
         self._retry, self._retry_since = False, cast(int | None, None)  # a round failed from this step on
         self._busy, self._closed = False, False
         self._worker: threading.Thread | None = None
-        self._outage = False
         self.total = ExportReport()  # everything the background rounds did
         self.last = ExportReport()  # the latest round: it retried all that earlier rounds left behind
 
@@ -126,16 +125,16 @@ class LangfuseExporter:
             report = ExportReport()
             runs = list(trajectories) if trajectories is not None else self.store.trajectories(since_step=since_step)
             runs = [t for t in runs if t.status != "running"]
-            sent = self.store.delivered(SINK)
+            scores = [s for t in runs for s in trajectory_scores(t)]
+            scores += [s for record in steps for s in step_scores(record)]
+            keys = [f"trace:{t.id}" for t in runs] + [step_key(r) for r in steps] + [f"score:{s['id']}" for s in scores]
+            sent = self.store.delivered(SINK, keys)
             todo = [t for t in runs if sent.get(f"trace:{t.id}") != "1"]
             report.unchanged += len(runs) - len(todo)
             self._send_traces(todo, report)
-            scores = [s for t in runs for s in trajectory_scores(t)]
-            new_steps = [r for r in steps if sent.get(step_key(str(r["run"]), _iteration(r))) != "1"]
+            new_steps = [r for r in steps if sent.get(step_key(r)) != "1"]
             report.unchanged += len(steps) - len(new_steps)
             self._send_steps(new_steps, report)
-            for record in steps:
-                scores.extend(step_scores(record, run=str(record["run"])))
             pending = [s for s in scores if sent.get(f"score:{s['id']}") != digest(s)]
             report.unchanged += len(scores) - len(pending)
             self._send_scores(pending, report)
@@ -164,11 +163,10 @@ class LangfuseExporter:
 
     def _send_steps(self, records: list[Mapping[str, Any]], report: ExportReport) -> None:
         for index, record in enumerate(records):
-            run = str(record["run"])
-            if not self._post(self._builder.step(record, run=run, name=str(record.get("model") or "")), report):
+            if not self._post(self._builder.step(record), report):
                 report.failed += len(records) - index
                 return
-            self.store.mark_delivered(SINK, [(step_key(run, _iteration(record)), "1")])
+            self.store.mark_delivered(SINK, [(step_key(record), "1")])
             report.steps += 1
 
     def _post(self, spans: list[Any], report: ExportReport) -> bool:
@@ -259,36 +257,30 @@ class LangfuseExporter:
             except Exception as exc:  # e.g. a store error: reported, never raised into training
                 log.warning("Langfuse export failed: %s", exc, exc_info=True)
                 report.failed, report.errors = report.failed + 1, [f"{type(exc).__name__}: {exc}"]
-            self._after_round(since, report)
+            self._after_round(since, len(steps), report)
 
-    def _after_round(self, since: int | None, report: ExportReport) -> None:
+    def _after_round(self, since: int | None, steps_sent: int, report: ExportReport) -> None:
         with self._cond:
+            was_down = not self.last.ok
             self.total.add(report)
             self.last = report
             self._busy = False
             if report.ok:
                 self._retry = False
-                sent = self.store.delivered(SINK)
-                self._steps = [r for r in self._steps if step_key(str(r["run"]), _iteration(r)) not in sent]
+                del self._steps[:steps_sent]  # all delivered; records submitted since stay for the next round
             else:
                 self._retry_since = _earliest(self._retry_since, since) if self._retry else since
                 self._retry = True
             self._cond.notify_all()
-        if not report.ok and not self._outage:
+        if not report.ok and not was_down:
             log.warning(
                 "Langfuse: %d item(s) not delivered (%s). Training goes on; they stay in the store and are sent with "
                 "the next step's export, or by `langgraph-art export langfuse`.",
                 report.failed,
                 report.errors[-1] if report.errors else "unknown error",
             )
-        elif report.ok and self._outage:
+        elif report.ok and was_down:
             log.warning("Langfuse: reachable again; earlier items delivered")
-        self._outage = not report.ok
-
-
-def _iteration(record: Mapping[str, Any]) -> int:
-    """Which training step of its run a metrics record is (older records only have the checkpoint step)."""
-    return int(record.get("iteration", record["step"]))
 
 
 def _earliest(a: int | None, b: int | None) -> int | None:

@@ -49,22 +49,6 @@ def _ns(seconds: float | None, fallback: float) -> int:
     return int((seconds if seconds else fallback) * 1e9)
 
 
-class _Ids:
-    """An OpenTelemetry ``IdGenerator`` that hands out the ids we chose (thread-local), for the next span only."""
-
-    def __init__(self) -> None:
-        self._next = threading.local()
-
-    def set(self, trace: str, span: str) -> None:
-        self._next.trace, self._next.span = int(trace, 16), int(span, 16)
-
-    def generate_trace_id(self) -> int:
-        return int(self._next.trace)
-
-    def generate_span_id(self) -> int:
-        return int(self._next.span)
-
-
 class SpanBuilder:
     """Builds finished OpenTelemetry spans (not exported: the caller sends them and learns if they arrived)."""
 
@@ -76,24 +60,22 @@ class SpanBuilder:
 
         self.attr = LangfuseOtelSpanAttributes
         self.environment = environment
-        self._ids = _Ids()
         self._done: list[Any] = []
-        done = self._done
+        done, chosen = self._done, threading.local()
 
         class _Collect(SpanProcessor):
             def on_end(self, span: Any) -> None:
                 done.append(span)
 
-        ids = self._ids
-
-        class _Generator(IdGenerator):
+        class _ChosenIds(IdGenerator):  # hands out the ids ``_start`` chose (per thread), for the next span
             def generate_trace_id(self) -> int:
-                return ids.generate_trace_id()
+                return int(chosen.trace)
 
             def generate_span_id(self) -> int:
-                return ids.generate_span_id()
+                return int(chosen.span)
 
-        self._provider = TracerProvider(id_generator=_Generator())  # ours alone: the global provider is untouched
+        self._chosen = chosen
+        self._provider = TracerProvider(id_generator=_ChosenIds())  # ours alone: the global provider is untouched
         self._provider.add_span_processor(_Collect())
         self._tracer = self._provider.get_tracer(TRACER_NAME, sdk_version, attributes={"public_key": public_key})
         self._lock = threading.Lock()
@@ -128,11 +110,11 @@ class SpanBuilder:
             root.end(end_time=_ns(t.end_time, end))
             return list(reversed(self._done))
 
-    def step(self, record: Mapping[str, Any], *, run: str, name: str) -> list[Any]:
+    def step(self, record: Mapping[str, Any]) -> list[Any]:
         """One span for a training step: its metrics as metadata (and, sent separately, as scores)."""
         with self._lock:
             self._done.clear()
-            step = int(record.get("iteration", record["step"]))
+            step, run, name = step_number(record), str(record["run"]), record.get("model")
             finished = float(record.get("finished") or 0.0)
             started = float(record.get("started") or finished)
             attrs = {
@@ -141,7 +123,7 @@ class SpanBuilder:
                 self.attr.TRACE_TAGS: ["training-step", f"step:{step}"],
                 **self._observation("span", {"step": step}, {"updated": record.get("train/updated")}, record),
             }
-            key = step_key(run, step)
+            key = step_key(record)
             span = self._start(trace_id(key), observation_id(key, "root"), f"train step {step}", started, attrs, None)
             span.end(end_time=_ns(finished, started))
             return list(self._done)
@@ -211,7 +193,7 @@ class SpanBuilder:
         if self.environment:
             attrs[self.attr.ENVIRONMENT] = self.environment
         context = trace.set_span_in_context(parent) if parent is not None else None
-        self._ids.set(tid, sid)
+        self._chosen.trace, self._chosen.span = int(tid, 16), int(sid, 16)
         return self._tracer.start_span(name, context=context, attributes=attrs, start_time=_ns(start, 0.0))
 
     def _observation(self, kind: str, input: Any, output: Any, metadata: Mapping[str, Any]) -> dict[str, Any]:
@@ -237,8 +219,14 @@ class SpanBuilder:
 _TAGS = (("step", "policy_step"), ("group", "group_id"), ("scenario", "scenario_id"))
 
 
-def step_key(run: str, step: int) -> str:
-    return f"step:{run}:{step}"
+def step_number(record: Mapping[str, Any]) -> int:
+    """Which training step of its run a metrics record is (older records only have the checkpoint step)."""
+    return int(record.get("iteration", record["step"]))
+
+
+def step_key(record: Mapping[str, Any]) -> str:
+    """The delivery key (and trace-id seed) of a training step's record."""
+    return f"step:{record['run']}:{step_number(record)}"
 
 
 def _model_name(turn: Turn) -> str:
@@ -297,10 +285,10 @@ def trajectory_scores(t: Trajectory) -> list[dict[str, Any]]:
     return scores
 
 
-def step_scores(record: Mapping[str, Any], *, run: str) -> list[dict[str, Any]]:
+def step_scores(record: Mapping[str, Any]) -> list[dict[str, Any]]:
     """A training step's numeric metrics as scores on its trace (``reward/mean``, ``train/loss``, ...)."""
-    step = int(record.get("iteration", record["step"]))
-    tid, meta = trace_id(step_key(run, step)), {"source": SCORE_SOURCE, "run": run, "step": step}
+    meta = {"source": SCORE_SOURCE, "run": str(record["run"]), "step": step_number(record)}
+    tid = trace_id(step_key(record))
     skip = {"step", "iteration", "policy_step", "run", "started", "finished"}
     return [
         _score(tid, None, name, value, None, meta)
