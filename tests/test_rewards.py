@@ -169,3 +169,13 @@ def test_on_error_policies() -> None:
 def test_duplicate_names_are_refused() -> None:
     with pytest.raises(Exception, match="unique"):
         score_groups([group("x")], [art.reward(lambda state: 1.0), art.reward(lambda state: 0.0)])
+
+
+def test_a_function_defined_elsewhere_takes_its_options_too() -> None:
+    def share(state) -> float:
+        return 0.5
+
+    declared = art.reward(share, name="half", weight=2.0)
+    assert (declared.name, declared.weight) == ("half", 2.0)
+    with pytest.raises(ConfigError, match="on_error"):
+        art.reward(share, on_error="ignore")  # type: ignore[call-overload]

@@ -183,7 +183,15 @@ def _align(values: Any, runs: list[Trajectory], where: str) -> list[tuple[Trajec
 
 
 @overload
-def reward(fn: Callable[..., Any], /) -> RewardFunction: ...
+def reward(
+    fn: Callable[..., Any],
+    /,
+    *,
+    name: str | None = None,
+    weight: float = 1.0,
+    node: str | None = None,
+    on_error: OnError = "raise",
+) -> RewardFunction: ...
 
 
 @overload
@@ -201,12 +209,15 @@ def reward(
     node: str | None = None,
     on_error: OnError = "raise",
 ) -> Any:
-    """Declare a reward: ``@reward`` or ``@reward(name=..., weight=..., node=..., on_error=...)``.
+    """Declare a reward: ``@reward``, ``@reward(name=..., weight=..., node=..., on_error=...)``, or
+    ``reward(fn, name=...)`` for a function defined elsewhere.
 
     ``on_error`` says what happens when the function raises: ``"raise"`` (default: a ``RewardError`` naming the
     function and the run), ``"abstain"`` (counts as None for that run) or ``"zero"`` (scores 0). Either way the
     error is reported in the scoring report.
     """
-    if fn is not None:
-        return RewardFunction(fn)
-    return lambda f: RewardFunction(f, name=name, weight=weight, node=node, on_error=on_error)
+
+    def declare(f: Callable[..., Any]) -> RewardFunction:
+        return RewardFunction(f, name=name, weight=weight, node=node, on_error=on_error)
+
+    return declare(fn) if fn is not None else declare
