@@ -102,3 +102,19 @@ def tool_loop_graph(llm: Any) -> Any:
     graph.add_conditional_edges("agent", tools_condition)
     graph.add_edge("tools", "agent")
     return graph.compile()
+
+
+def one_agent_graph(llm: Any) -> Any:
+    """The smallest agent: one node that answers with one call of ``llm``."""
+    from langgraph.graph import START, MessagesState, StateGraph
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", lambda state: {"messages": [llm.invoke(state["messages"])]})
+    graph.add_edge(START, "agent")
+    return graph.compile()
+
+
+def digit_share(state: Any) -> float:
+    """The digits task's reward: share of the non-space characters of the answer that are digits."""
+    text = "".join(state["messages"][-1].content.split())
+    return sum(c.isdigit() for c in text) / len(text) if text else 0.0

@@ -18,7 +18,7 @@ from langgraph_art.integrations.langfuse import LangfuseExporter, LangfuseScoreR
 from langgraph_art.integrations.langfuse.traces import observation_id
 from langgraph_art.rewards.decorators import Score
 from langgraph_art.train.advantages import group_advantages
-from tests.helpers import WEATHER_PROMPTS, tool_loop_graph
+from tests.helpers import WEATHER_PROMPTS, one_agent_graph, tool_loop_graph
 from tests.langfuse_receiver import PUBLIC_KEY, SECRET_KEY, LangfuseReceiver
 
 pytestmark = pytest.mark.integration
@@ -339,8 +339,6 @@ def variety(state) -> float:
 def test_trainer_exports_by_configuration_alone_and_survives_an_outage(
     receiver, monkeypatch, tmp_path: Path, caplog
 ) -> None:
-    from langgraph.graph import START, MessagesState, StateGraph
-
     for key, value in receiver.env().items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("LANGFUSE_TIMEOUT", "1")
@@ -348,11 +346,8 @@ def test_trainer_exports_by_configuration_alone_and_survives_an_outage(
     with art.LocalBackend(home=tmp_path) as backend:
         model = art.TrainableModel(name="digits", project="lf").register(backend)
         llm = art.ChatART(model=model, temperature=1.0, max_tokens=12)
-        graph = StateGraph(MessagesState)
-        graph.add_node("agent", lambda state: {"messages": [llm.invoke(state["messages"])]})
-        graph.add_edge(START, "agent")
         config = art.GRPOConfig(learning_rate=1e-2, seed=0)
-        trainer = art.Trainer(graph.compile(), model, rewards=[variety], num_generations=4, config=config)
+        trainer = art.Trainer(one_agent_graph(llm), model, rewards=[variety], num_generations=4, config=config)
         assert isinstance(trainer.exporter, LangfuseExporter)
         scenarios = [{"id": "numbers", "input": {"messages": [("user", "Write some numbers.")]}}]
         with caplog.at_level("WARNING"):

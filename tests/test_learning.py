@@ -8,29 +8,22 @@ from pathlib import Path
 
 import httpx
 import pytest
-from langgraph.graph import START, MessagesState, StateGraph
 
 import langgraph_art as art
+from tests.helpers import digit_share, one_agent_graph
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
-@art.reward
-def digits(state) -> float:
-    """Share of the non-space characters of the answer that are digits."""
-    text = "".join(state["messages"][-1].content.split())
-    return sum(c.isdigit() for c in text) / len(text) if text else 0.0
+digits = art.reward(digit_share, name="digits")
 
 
 def test_digits_task_learns_end_to_end(tmp_path: Path) -> None:
     with art.LocalBackend(home=tmp_path) as backend:
         model = art.TrainableModel(name="digits", project="learning").register(backend)
         llm = art.ChatART(model=model, temperature=1.0, max_tokens=32)
-        graph = StateGraph(MessagesState)
-        graph.add_node("agent", lambda state: {"messages": [llm.invoke(state["messages"])]})
-        graph.add_edge(START, "agent")
         config = art.GRPOConfig(learning_rate=5e-3, lora_r=8, lora_alpha=16, seed=0)
-        trainer = art.Trainer(graph.compile(), model, rewards=[digits], num_generations=8, config=config)
+        trainer = art.Trainer(one_agent_graph(llm), model, rewards=[digits], num_generations=8, config=config)
         scenarios = [{"id": "numbers", "input": {"messages": [("user", "Write some numbers.")]}}]
         history = trainer.train(scenarios, steps=60, progress=False)
 

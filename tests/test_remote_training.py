@@ -7,27 +7,17 @@ from typing import Any
 
 import httpx
 import pytest
-from langgraph.graph import START, MessagesState, StateGraph
 
 import langgraph_art as art
 from langgraph_art.errors import ConfigError
 from langgraph_art.serve.embedded import EmbeddedServer
 from langgraph_art.training_api import training_router
+from tests.helpers import digit_share, one_agent_graph
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
-@art.reward
-def digits(state) -> float:
-    text = "".join(state["messages"][-1].content.split())
-    return sum(c.isdigit() for c in text) / len(text) if text else 0.0
-
-
-def graph_for(llm: art.ChatART) -> Any:
-    graph = StateGraph(MessagesState)
-    graph.add_node("agent", lambda state: {"messages": [llm.invoke(state["messages"])]})
-    graph.add_edge(START, "agent")
-    return graph.compile()
+digits = art.reward(digit_share, name="digits")
 
 
 def test_remote_backend_trains_in_the_service(tiny_path: Path, tmp_path: Path) -> None:
@@ -38,7 +28,7 @@ def test_remote_backend_trains_in_the_service(tiny_path: Path, tmp_path: Path) -
         model = art.TrainableModel(name="remote", project="p").register(backend)
         llm = art.ChatART(model=model, temperature=1.0, max_tokens=16)
         trainer = art.Trainer(
-            graph_for(llm),
+            one_agent_graph(llm),
             model,
             rewards=[digits],
             num_generations=4,
