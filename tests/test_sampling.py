@@ -79,3 +79,15 @@ def test_top_logprobs_sorted() -> None:
     values, ids = top_logprobs(torch.tensor([[0.1, 0.7, 0.2]]).log(), 2)
     assert ids[0].tolist() == [1, 2]
     assert values[0].exp().tolist() == pytest.approx([0.7, 0.2])
+
+
+def test_prefill_batches_each_distinct_prompt_once_left_padded() -> None:
+    from langgraph_art.serve.engines.prefill import build_prefill
+
+    batch = build_prefill([[5, 6, 7], [9], [5, 6, 7], [5, 6, 7]], pad=0, device="cpu")
+    assert batch.input_ids.tolist() == [[5, 6, 7], [0, 0, 9]]
+    assert batch.mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert batch.positions.tolist() == [[0, 1, 2], [0, 0, 0]]
+    assert batch.source == [0, 1, 0, 0] and batch.shared == 2 and batch.padded
+    same = build_prefill([[1, 2], [3, 4]], pad=0, device="cpu")
+    assert not same.padded and same.shared == 0 and same.source == [0, 1]

@@ -38,6 +38,7 @@ from langgraph_art.serve.engines.base import (
     TokenEvent,
     stop_position,
 )
+from langgraph_art.serve.engines.prefill import build_prefill
 
 log = logging.getLogger(__name__)
 
@@ -310,35 +311,24 @@ class HFEngine:
             for i in range(params.n):
                 gen = random.Random(params.seed + i) if params.seed is not None else None
                 rows.append(_Row(job=job, index=i, generator=gen))
-        # Identical prompts (a GRPO group's runs, n > 1) are prefilled once; their rows then share its KV cache.
-        unique: dict[tuple[int, ...], int] = {}
-        source = [unique.setdefault(tuple(r.job.request.prompt_token_ids), len(unique)) for r in rows]
-        prompts = list(unique)
-        width = max(len(p) for p in prompts)
-        input_ids = torch.full((len(prompts), width), self._pad, dtype=torch.long)
-        mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for i, prompt in enumerate(prompts):  # left padding: every row's next token lands in the last column
-            input_ids[i, width - len(prompt) :] = torch.tensor(prompt)
-            mask[i, width - len(prompt) :] = 1
-        input_ids, mask = input_ids.to(device), mask.to(device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        batch = build_prefill([r.job.request.prompt_token_ids for r in rows], self._pad, device)
         temps = torch.tensor([r.job.request.params.temperature for r in rows], device=device)
         top_ps = torch.tensor([r.job.request.params.top_p for r in rows], device=device)
         want_top = max(r.job.request.params.top_logprobs for r in rows)
 
-        padded = bool((mask == 0).any())  # without padding the model needs no mask: plain causal attention
+        padded = batch.padded
         out = model(
-            input_ids=input_ids,
-            attention_mask=mask if padded else None,
-            position_ids=positions,
+            input_ids=batch.input_ids,
+            attention_mask=batch.mask if padded else None,
+            position_ids=batch.positions,
             use_cache=True,
             logits_to_keep=1,
         )
         cache = _cache_of(out)
-        logits = out.logits[:, -1, :]  # [U, V]
-        if len(prompts) < len(rows):  # one cache row (and logits row) per sample, copied from its prompt's
-            self.prefills_shared += len(rows) - len(prompts)
-            index = torch.tensor(source, device=device)
+        logits, mask, positions = out.logits[:, -1, :], batch.mask, batch.positions  # [U, V], [U, W], [U, W]
+        if batch.shared:  # one cache row (and logits row) per sample, copied from its prompt's
+            self.prefills_shared += batch.shared
+            index = torch.tensor(batch.source, device=device)
             cache.batch_select_indices(index)
             logits, mask, positions = logits[index], mask[index], positions[index]
         next_pos = positions[:, -1:] + 1  # [B, 1]
