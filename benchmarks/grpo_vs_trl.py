@@ -2,12 +2,14 @@
 
     OMP_NUM_THREADS=1 python benchmarks/grpo_vs_trl.py [--steps 12] [--models tiny,tiny-5m]
 
-Same setting for everyone (the "digits" task, see ``digits``): 1 prompt x 8 completions x 32 new tokens,
-LoRA r=8/alpha=16 on
-all linear layers, lr 1e-2, beta 0, the "grpo" loss. A step is what it takes to turn one group into one update:
-sampling the 8 completions (our HFEngine, in process; TRL's own generate), rewards, old logprobs where needed,
-forward+backward, AdamW. "bare fwd+bwd" is a plain peft model doing forward, backward and AdamW over the same
-token sequences with a summed log-likelihood loss: the floor for our training part.
+Same setting for everyone (the "digits" task, see ``reward``): 1 prompt x 8 completions x 32 new tokens,
+LoRA r=8/alpha=16 on all linear layers, lr 1e-2, beta 0, the "grpo" loss. A step is what it takes to turn one
+group into one update: sampling the 8 completions with the current policy (our HFEngine, in process; TRL's own
+generate), rewards, old logprobs where needed, forward+backward, AdamW; for us also what our loop does after
+each update so that the next samples come from the new policy: the checkpoint written (adapter + optimizer
+state) and hot-loaded into the engine as ``name@step`` (TRL samples from the model it trains: nothing to load).
+"bare fwd+bwd" is a plain peft model doing forward, backward and AdamW over the same token sequences with a
+summed log-likelihood loss: the floor for our training part.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import random
 import statistics
 import tempfile
 import time
@@ -33,15 +36,16 @@ from langgraph_art.types import NodeSpan, Trajectory, TrajectoryGroup, Turn
 
 PROMPT = [{"role": "user", "content": "Write some numbers."}]
 N, NEW_TOKENS = 8, 32
+LR = 1e-2
 
 
-def digits(text: str) -> float:
-    """Share of digits, plus a small term that varies with any text, so that no group has all-equal rewards
-    (a random model writes few digits: with equal rewards our trainer would rightly skip the update)."""
+def reward(text: str, noise: random.Random) -> float:
+    """Share of digits, plus a small random term so that no group has all-equal rewards: the policy soon writes
+    the same completion 8 times (lr 1e-2), and with equal rewards our trainer rightly skips the update while TRL
+    still runs it. Both get the same function (and their own generator), so both train every step."""
     chars = "".join(text.split())
-    if not chars:
-        return 0.0
-    return sum(c.isdigit() for c in chars) / len(chars) + 0.01 * sum(c in "aeiou" for c in chars) / len(chars)
+    share = sum(c.isdigit() for c in chars) / len(chars) if chars else 0.0
+    return share + 0.01 * noise.random()
 
 
 class Ours:
@@ -50,7 +54,7 @@ class Ours:
     def __init__(self, path: str) -> None:
         self.engine = HFEngine(path, max_batch_size=N)
         self.trainer = GRPOTrainer(
-            path, GRPOConfig(learning_rate=1e-2, per_device_train_batch_size=N), checkpoint_dir=tempfile.mkdtemp()
+            path, GRPOConfig(learning_rate=LR, per_device_train_batch_size=N), checkpoint_dir=tempfile.mkdtemp()
         )
         self.loop = asyncio.new_event_loop()
         self.loop.run_until_complete(self.engine.start())
@@ -58,13 +62,18 @@ class Ours:
             self.engine.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, return_dict=False)
         )
         self.steps = 0
+        self.noise = random.Random(0)
+        self.adapter: str | None = None  # the policy: base model until the first update
         self.sequences: list[list[int]] = []
+        self.sampled_tokens: list[int] = []  # per step: the table's tok/s assume N x NEW_TOKENS, checked below
+        self.updates: list[bool] = []  # per step: False when the trainer skipped it (all-equal rewards)
 
-    def step(self) -> tuple[float, float]:
-        """Seconds of the whole step and of its training part."""
+    def step(self) -> tuple[float, float, float]:
+        """Seconds of the whole step, of its training part and of the checkpoint + hot reload."""
         started = time.perf_counter()
         params = SamplingParams(temperature=1.0, max_tokens=NEW_TOKENS, n=N, seed=self.steps)
-        result = self.loop.run_until_complete(self.engine.generate(GenerationRequest(self.prompt, params)))
+        request = GenerationRequest(self.prompt, params, adapter=self.adapter)
+        result = self.loop.run_until_complete(self.engine.generate(request))
         runs = []
         for sample in result.samples:
             turn = Turn(
@@ -76,13 +85,25 @@ class Ours:
                 params={"temperature": 1.0},
             )
             spans = [NodeSpan(id=turn.id, name="agent", turns=[turn])]
-            runs.append(Trajectory(id=turn.id, status="ok", reward=digits(sample.text), spans=spans))
+            runs.append(Trajectory(id=turn.id, status="ok", reward=reward(sample.text, self.noise), spans=spans))
         train_start = time.perf_counter()
-        self.trainer.step([TrajectoryGroup(id=str(self.steps), trajectories=runs)])
+        updated = self.trainer.step([TrajectoryGroup(id=str(self.steps), trajectories=runs)]).updated
+        reload_start = time.perf_counter()
+        if updated:  # as the service: a step that changed nothing writes and serves nothing
+            self.loop.run_until_complete(self.reload(str(self.trainer.save_checkpoint())))
         end = time.perf_counter()
         self.steps += 1
         self.sequences = [self.prompt + s.token_ids for s in result.samples]
-        return end - started, end - train_start
+        self.sampled_tokens.append(sum(len(s.token_ids) for s in result.samples))
+        self.updates.append(updated)
+        return end - started, reload_start - train_start, end - reload_start
+
+    async def reload(self, folder: str) -> None:
+        """What the service does after an update: serve the new checkpoint, drop the one before."""
+        previous, self.adapter = self.adapter, f"bench@{self.trainer.step_count}"
+        await self.engine.load_adapter(self.adapter, folder)
+        if previous is not None:
+            await self.engine.unload_adapter(previous)
 
     def close(self) -> None:
         self.loop.run_until_complete(self.engine.close())
@@ -99,7 +120,7 @@ class Bare:
             AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32),
             LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"),
         )
-        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=1e-2)
+        self.optimizer = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad], lr=LR)
 
     def step(self, sequences: list[list[int]]) -> float:
         width = max(len(s) for s in sequences)
@@ -128,7 +149,7 @@ def interleaved(path: str, steps: int) -> dict[str, list[float]]:
     from trl import GRPOTrainer as TRLTrainer
 
     ours, floor = Ours(path), Bare(path)
-    times: dict[str, list[float]] = {"trl": [], "ours": [], "ours_train": [], "bare": []}
+    times: dict[str, list[float]] = {"trl": [], "ours": [], "ours_train": [], "ours_reload": [], "bare": []}
 
     class Interleave(TrainerCallback):
         def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
@@ -136,13 +157,16 @@ def interleaved(path: str, steps: int) -> dict[str, list[float]]:
 
         def on_step_end(self, *args: Any, **kwargs: Any) -> None:
             times["trl"].append(time.perf_counter() - self.start)
-            total, train = ours.step()
+            total, train, reload = ours.step()
             times["ours"].append(total)
             times["ours_train"].append(train)
+            times["ours_reload"].append(reload)
             times["bare"].append(floor.step(ours.sequences))
 
-    def reward(completions: list[Any], **_: Any) -> list[float]:
-        return [digits(c[0]["content"] if isinstance(c, list) else c) for c in completions]
+    noise = random.Random(1)
+
+    def rewards(completions: list[Any], **_: Any) -> list[float]:
+        return [reward(c[0]["content"] if isinstance(c, list) else c, noise) for c in completions]
 
     args = TRLConfig(
         output_dir=tempfile.mkdtemp(),
@@ -153,7 +177,7 @@ def interleaved(path: str, steps: int) -> dict[str, list[float]]:
         per_device_train_batch_size=N,
         num_generations=N,
         max_completion_length=NEW_TOKENS,
-        learning_rate=1e-2,
+        learning_rate=LR,
         beta=0.0,
         loss_type="grpo",
         report_to="none",
@@ -167,7 +191,7 @@ def interleaved(path: str, steps: int) -> dict[str, list[float]]:
     data = Dataset.from_list([{"prompt": PROMPT}] * (steps * N))
     trainer = TRLTrainer(
         model=path,
-        reward_funcs=[reward],
+        reward_funcs=[rewards],
         args=args,
         train_dataset=data,
         peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"),
@@ -175,6 +199,8 @@ def interleaved(path: str, steps: int) -> dict[str, list[float]]:
     )
     trainer.train()
     ours.close()
+    times["ours_tokens"] = [float(t) for t in ours.sampled_tokens]
+    times["ours_updated"] = [float(u) for u in ours.updates]
     return times
 
 
@@ -193,21 +219,27 @@ def main() -> None:
         ratio = statistics.median([t / o for t, o in zip(kept["trl"], kept["ours"], strict=True)])
         floor = statistics.median([o / b for o, b in zip(kept["ours_train"], kept["bare"], strict=True)])
         rows.append((name, med, ratio, floor))
+        tokens, updates = kept["ours_tokens"], kept["ours_updated"]
+        if min(tokens) < N * NEW_TOKENS or not all(updates):
+            print(
+                f"warning: {name}: our steps sampled {min(tokens):.0f}..{max(tokens):.0f} tokens (not all "
+                f"{N * NEW_TOKENS}) or skipped {updates.count(0.0)} updates: tok/s and ratios overstate ours"
+            )
     print(
         f"1 prompt x {N} completions x {NEW_TOKENS} tokens, LoRA r=8, median of {args.steps} steps "
         f"after {args.warmup} warm-up, OMP_NUM_THREADS={os.environ['OMP_NUM_THREADS']}"
     )
     print(
         "| model | ours ms/step | TRL ms/step | ours tok/s | TRL tok/s | ours/TRL | our training part ms | "
-        "bare fwd+bwd ms | training / bare |"
+        "bare fwd+bwd ms | training / bare | our checkpoint + reload ms |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     tokens = N * NEW_TOKENS
     for name, med, ratio, floor in rows:
         print(
             f"| {name} | {med['ours'] * 1e3:.0f} | {med['trl'] * 1e3:.0f} | {tokens / med['ours']:.0f} | "
             f"{tokens / med['trl']:.0f} | {ratio:.2f}x | {med['ours_train'] * 1e3:.0f} | {med['bare'] * 1e3:.0f} | "
-            f"{floor:.2f}x |"
+            f"{floor:.2f}x | {med['ours_reload'] * 1e3:.0f} |"
         )
     print("ratios are medians of per-step ratios (each TRL step paired with the step of ours that follows it)")
 

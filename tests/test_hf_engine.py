@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,23 +39,30 @@ def prompt(engine: HFEngine, text: str = "hello there", tools: list | None = Non
     )
 
 
-def reference_logprobs(engine: HFEngine, prompt_ids: list[int], ids: list[int], temperature: float) -> list[float]:
+@pytest.fixture(scope="module")
+def base_model(tiny_path: Path) -> Any:
+    """The model as loaded, apart from the engine's (which merges adapters into its weights)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_path).eval()
+
+
+def reference_logprobs(model: Any, prompt_ids: list[int], ids: list[int], temperature: float) -> list[float]:
     """A fresh forward pass over prompt + completion: log_softmax(logits / T) at each sampled token."""
-    model = engine._peft if engine._peft is not None else engine._lm
     with torch.no_grad():
         logits = model(torch.tensor([prompt_ids + ids])).logits[0, len(prompt_ids) - 1 : -1].float()
     return torch.log_softmax(logits / temperature, -1).gather(-1, torch.tensor(ids)[:, None])[:, 0].tolist()
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7, 1.5])
-async def test_logprobs_match_a_fresh_forward_pass(engine: HFEngine, temperature: float) -> None:
+async def test_logprobs_match_a_fresh_forward_pass(engine: HFEngine, base_model: Any, temperature: float) -> None:
     ids = prompt(engine)
     params = SamplingParams(temperature=temperature, max_tokens=24, n=4, seed=3)
     result = await engine.generate(GenerationRequest(ids, params))
     assert len(result.samples) == 4
     for sample in result.samples:
         assert len(sample.token_ids) == len(sample.logprobs) > 0
-        ref = reference_logprobs(engine, ids, sample.token_ids, temperature)
+        ref = reference_logprobs(base_model, ids, sample.token_ids, temperature)
         assert max(abs(a - b) for a, b in zip(ref, sample.logprobs, strict=True)) < 1e-4
 
 
@@ -65,7 +74,7 @@ async def test_seeded_requests_reproduce_and_choices_differ(engine: HFEngine) ->
     assert len({tuple(s.token_ids) for s in first.samples}) > 1  # seed + i per choice, as vLLM does
 
 
-async def test_shared_prompts_are_prefilled_once_and_sample_as_if_alone(engine: HFEngine) -> None:
+async def test_shared_prompts_are_prefilled_once_and_sample_as_if_alone(engine: HFEngine, base_model: Any) -> None:
     """A GRPO group's identical prompts share one prefill (their rows copy its KV cache); each sample must be
     what it would have been alone: same seeded tokens, logprobs of the same distribution."""
     a, b = prompt(engine, "tell me about the weather"), prompt(engine, "a much longer question about the sea, please")
@@ -78,7 +87,7 @@ async def test_shared_prompts_are_prefilled_once_and_sample_as_if_alone(engine: 
             (alone,) = (await engine.generate(GenerationRequest(ids, one))).samples
             assert sample.token_ids == alone.token_ids
             assert max(abs(x - y) for x, y in zip(sample.logprobs, alone.logprobs, strict=True)) < 1e-4
-            ref = reference_logprobs(engine, ids, sample.token_ids, 1.0)
+            ref = reference_logprobs(base_model, ids, sample.token_ids, 1.0)
             assert max(abs(x - y) for x, y in zip(ref, sample.logprobs, strict=True)) < 1e-4
     assert engine.prefills_shared - shared >= 6  # 9 rows of 2 prompts: at most 3 prefills (one batch: 2)
 
@@ -109,7 +118,9 @@ async def test_stop_string_cuts_text_but_keeps_sampled_ids(engine: HFEngine) -> 
     assert engine.tokenizer.decode(sample.token_ids).startswith(sample.text + '"arguments"')
 
 
-async def test_adapter_changes_outputs_and_unloads(engine: HFEngine, tool_adapter: Path) -> None:
+async def test_adapter_changes_outputs_and_unloads(engine: HFEngine, base_model: Any, tool_adapter: Path) -> None:
+    from peft import PeftModel
+
     ids = prompt(engine, WEATHER_PROMPTS[1], [WEATHER_TOOL])
     await engine.load_adapter("weather@1", str(tool_adapter))
     greedy = SamplingParams(temperature=0, max_tokens=40)
@@ -117,7 +128,13 @@ async def test_adapter_changes_outputs_and_unloads(engine: HFEngine, tool_adapte
     tuned = await engine.generate(GenerationRequest(ids, greedy, adapter="weather@1"))
     assert base.samples[0].text != tuned.samples[0].text
     assert tuned.samples[0].text == WEATHER_CALL
-    ref = reference_logprobs(engine, ids, base.samples[0].token_ids, 1.0)  # adapter active in the model now
+    # each matches its own model: the base model's weights are untouched by the adapter merged for `tuned`
+    ref = reference_logprobs(base_model, ids, base.samples[0].token_ids, 1.0)
+    assert max(abs(a - b) for a, b in zip(ref, base.samples[0].logprobs, strict=True)) < 1e-4
+    tuned_model = PeftModel.from_pretrained(copy.deepcopy(base_model), str(tool_adapter)).eval()
+    ref = reference_logprobs(tuned_model, ids, tuned.samples[0].token_ids, 1.0)
+    assert max(abs(a - b) for a, b in zip(ref, tuned.samples[0].logprobs, strict=True)) < 1e-4
+    ref = reference_logprobs(tuned_model, ids, base.samples[0].token_ids, 1.0)
     assert max(abs(a - b) for a, b in zip(ref, base.samples[0].logprobs, strict=True)) > 1e-3
     await engine.load_adapter("weather@2", str(tool_adapter))
     assert set(engine.adapters()) >= {"weather@1", "weather@2"}

@@ -5,6 +5,9 @@ and every queued request for the same adapter (up to ``max_batch_size`` rows, ``
 requests that arrive while a batch runs join the next one. Adapter loads and unloads go through the same queue
 and act as barriers, so a batch never sees an adapter change under it. Rows that finish leave the KV cache at
 once, so a long request does not keep short ones' memory busy.
+
+The forwards themselves run through ``FastLM`` (``fast.py``) for Llama-family models and through transformers
+otherwise (``steps.py``); an adapter is merged into the weights while its batches run (``adapters.py``).
 """
 
 from __future__ import annotations
@@ -12,13 +15,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import inspect
-import itertools
 import json
 import logging
 import random
 import threading
 import uuid
-import warnings
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ import torch
 from langgraph_art.errors import AdapterError, ContextLengthError, EngineNotReadyError, ModelNotFoundError
 from langgraph_art.models.loading import eos_token_ids, load_causal_lm
 from langgraph_art.serve.engines import sampling
+from langgraph_art.serve.engines.adapters import AdapterSet
 from langgraph_art.serve.engines.base import (
     FinishedEvent,
     GenerationRequest,
@@ -38,7 +40,9 @@ from langgraph_art.serve.engines.base import (
     TokenEvent,
     stop_position,
 )
+from langgraph_art.serve.engines.fast import FastLM
 from langgraph_art.serve.engines.prefill import build_prefill
+from langgraph_art.serve.engines.steps import FastSteps, HFSteps, Steps
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +79,11 @@ class _Row:
 
 
 class HFEngine:
-    """Serve a causal LM (hub id, folder or ``"tiny"``) and any number of peft LoRA adapters."""
+    """Serve a causal LM (hub id, folder or ``"tiny"``) and any number of peft LoRA adapters.
+
+    ``fast_decode=False`` runs every forward through transformers; ``merge_adapters=False`` serves adapters
+    through peft's LoRA layers (no copy of the targeted base weights in memory, slower forwards).
+    """
 
     def __init__(
         self,
@@ -87,6 +95,8 @@ class HFEngine:
         max_batch_size: int = 64,
         max_model_len: int | None = None,
         seed: int = 0,
+        fast_decode: bool = True,
+        merge_adapters: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
@@ -95,11 +105,11 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len or 0
         self._device, self._dtype, self._seed = device, dtype, seed
+        self._fast_decode, self._merge_adapters = fast_decode, merge_adapters
         self._lm: Any = None
+        self._fast: FastLM | None = None
         self._tokenizer: Any = None
-        self._peft: Any = None
-        self._adapters: dict[str, tuple[str, str]] = {}  # public name -> (peft key, folder)
-        self._keys = itertools.count(1)
+        self._adapters: AdapterSet = AdapterSet(None)
         self._queue: collections.deque[_Job | _Command] = collections.deque()
         self._cv = threading.Condition()
         self._worker: threading.Thread | None = None
@@ -136,6 +146,8 @@ class HFEngine:
         self._rng = torch.Generator(device=self._lm.device).manual_seed(self._seed)
         params = inspect.signature(self._lm.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._fast = FastLM.build(self._lm) if self._fast_decode else None
+        self._adapters = AdapterSet(self._lm, merge=self._merge_adapters)
 
     async def close(self) -> None:
         with self._cv:
@@ -167,7 +179,7 @@ class HFEngine:
         if not self._ready or self._closed:
             raise EngineNotReadyError("the engine is not running (still loading, or closed)")
         if request.adapter is not None and request.adapter not in self._adapters:
-            raise ModelNotFoundError(f"adapter {request.adapter!r} is not loaded; loaded: {sorted(self._adapters)}")
+            raise ModelNotFoundError(f"adapter {request.adapter!r} is not loaded; loaded: {self._adapters.loaded()}")
         job = _Job(
             request=request,
             max_new=self._max_new_tokens(request),
@@ -217,15 +229,15 @@ class HFEngine:
         if "@" in name and not name.rsplit("@", 1)[1].isdigit():
             raise AdapterError(f"adapter name {name!r}: the part after '@' must be a step number, like 'agent@12'")
         json.loads(config.read_text())  # a corrupt config fails here with a clear JSONDecodeError
-        await self._command(lambda: self._do_load_adapter(name, str(folder)))
+        await self._command(lambda: self._adapters.load(name, str(folder)))
 
     async def unload_adapter(self, name: str) -> None:
         if name not in self._adapters:
-            raise ModelNotFoundError(f"adapter {name!r} is not loaded; loaded: {sorted(self._adapters)}")
-        await self._command(lambda: self._do_unload_adapter(name))
+            raise ModelNotFoundError(f"adapter {name!r} is not loaded; loaded: {self._adapters.loaded()}")
+        await self._command(lambda: self._adapters.unload(name))
 
     def adapters(self) -> dict[str, str]:
-        return {name: folder for name, (_, folder) in self._adapters.items()}
+        return self._adapters.folders()
 
     async def _command(self, run: Callable[[], Any]) -> Any:
         if not self._ready or self._closed:
@@ -287,22 +299,16 @@ class HFEngine:
         return batch
 
     def _run_batch(self, jobs: list[_Job]) -> None:
-        adapter = jobs[0].request.adapter
         self.batches_run += 1
-        if adapter is None:
-            if self._peft is not None:
-                with self._peft.disable_adapter():
-                    self._decode(jobs, self._peft)
+        with self._adapters.use(jobs[0].request.adapter) as policy:
+            if self._fast is not None and policy.plain:
+                self._fast.relink(self._lm)
+                steps: Steps = FastSteps(self._fast, max(job.max_new for job in jobs))
             else:
-                self._decode(jobs, self._lm)
-            return
-        key = self._adapters.get(adapter)
-        if key is None:
-            raise ModelNotFoundError(f"adapter {adapter!r} was unloaded before the request ran")
-        self._peft.set_adapter(key[0])
-        self._decode(jobs, self._peft)
+                steps = HFSteps(policy.model, self._cache_kwarg)
+            self._decode(jobs, steps)
 
-    def _decode(self, jobs: list[_Job], model: Any) -> None:
+    def _decode(self, jobs: list[_Job], steps: Steps) -> None:
         device = self._lm.device
         rows: list[_Row] = []
         for job in jobs:
@@ -315,23 +321,8 @@ class HFEngine:
         temps = torch.tensor([r.job.request.params.temperature for r in rows], device=device)
         top_ps = torch.tensor([r.job.request.params.top_p for r in rows], device=device)
         want_top = max(r.job.request.params.top_logprobs for r in rows)
-
-        padded = batch.padded
-        out = model(
-            input_ids=batch.input_ids,
-            attention_mask=batch.mask if padded else None,
-            position_ids=batch.positions,
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        cache = _cache_of(out)
-        logits, mask, positions = out.logits[:, -1, :], batch.mask, batch.positions  # [U, V], [U, W], [U, W]
-        if batch.shared:  # one cache row (and logits row) per sample, copied from its prompt's
-            self.prefills_shared += batch.shared
-            index = torch.tensor(batch.source, device=device)
-            cache.batch_select_indices(index)
-            logits, mask, positions = logits[index], mask[index], positions[index]
-        next_pos = positions[:, -1:] + 1  # [B, 1]
+        logits = steps.prefill(batch)  # [B, V]
+        self.prefills_shared += batch.shared
         active = list(range(len(rows)))  # indices into `rows` of the rows still in the batch
         while True:
             logprobs = sampling.process_logits(logits, temps, top_ps)  # [B, V]
@@ -355,20 +346,10 @@ class HFEngine:
                 return
             if len(keep) < len(active):  # finished rows leave the batch and the KV cache
                 index = torch.tensor(keep, device=device)
-                cache.batch_select_indices(index)
-                tokens, mask, next_pos = tokens[index], mask[index], next_pos[index]
-                temps, top_ps = temps[index], top_ps[index]
+                steps.select(index)
+                tokens, temps, top_ps = tokens[index], temps[index], top_ps[index]
                 active = [active[b] for b in keep]
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
-            out = model(
-                input_ids=tokens.unsqueeze(-1),
-                attention_mask=mask if padded else None,
-                position_ids=next_pos,
-                use_cache=True,
-                **{self._cache_kwarg: cache},
-            )
-            cache, logits = _cache_of(out), out.logits[:, -1, :]
-            next_pos = next_pos + 1
+            logits = steps.decode(tokens)
 
     def _finish_if_done(self, row: _Row) -> bool:
         """Record the row's sample if it is finished; True when it is."""
@@ -404,33 +385,6 @@ class HFEngine:
             job.post(FinishedEvent(GenerationResult(req.request_id, req.prompt_token_ids, samples, req.adapter)))
         return True
 
-    # -- adapters (worker thread only) -----------------------------------------------------------------------
-    def _do_load_adapter(self, name: str, folder: str) -> None:
-        from peft import PeftModel
-
-        key = f"adapter_{next(self._keys)}"
-        try:
-            if self._peft is None:
-                self._peft = PeftModel.from_pretrained(self._lm, folder, adapter_name=key, is_trainable=False)
-            else:
-                self._peft.load_adapter(folder, adapter_name=key, is_trainable=False)
-        except Exception as exc:
-            raise AdapterError(f"could not load adapter {name!r} from {folder!r}: {exc}") from exc
-        self._peft.eval()
-        previous = self._adapters.get(name)
-        self._adapters[name] = (key, folder)
-        if previous is not None:  # replacing a name: the new weights are in place before the old go
-            self._delete(previous[0])
-
-    def _do_unload_adapter(self, name: str) -> None:
-        key, _ = self._adapters.pop(name)
-        self._delete(key)
-
-    def _delete(self, key: str) -> None:
-        with warnings.catch_warnings():  # peft warns that the active adapter changed: each batch sets its own
-            warnings.filterwarnings("ignore", message=".*was active which is now deleted.*")
-            self._peft.delete_adapter(key)
-
 
 def _set_result(future: asyncio.Future[Any], value: Any) -> None:
     if not future.done():
@@ -440,8 +394,3 @@ def _set_result(future: asyncio.Future[Any], value: Any) -> None:
 def _set_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
     if not future.done():
         future.set_exception(exc)
-
-
-def _cache_of(output: Any) -> Any:
-    cache = getattr(output, "cache", None)
-    return cache if cache is not None else output.past_key_values
