@@ -259,3 +259,39 @@ def test_logits_are_computed_only_where_tokens_are_trained(trainer: GRPOTrainer)
     assert kept.shape == sliced.shape == full.shape == trained.shape
     assert torch.allclose(kept[trained], full[trained], atol=1e-5)
     assert torch.allclose(sliced[trained], full[trained], atol=1e-6)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.04])
+def test_a_shared_prompt_runs_once_with_the_full_forwards_logits_and_gradients(
+    trainer: GRPOTrainer, beta: float
+) -> None:
+    """Rows that start with the same 20 tokens (a group's prompt), then differ, with right padding: the shared
+    forward gives the logits and LoRA gradients of one forward over the whole rows."""
+    torch.manual_seed(0)
+    for name, param in trainer.model.named_parameters():  # a non-zero B: LoRA takes part in the prompt's forward
+        if "lora_B" in name:
+            torch.nn.init.normal_(param, std=0.05)
+    prompt = torch.randint(10, 2000, (1, 20)).expand(4, -1)
+    ids = torch.cat([prompt, torch.randint(10, 2000, (4, 9))], 1)
+    ids[1, -3:] = trainer.tokenizer.pad_token_id  # a shorter row
+    first = 20
+    shapes: list[tuple[int, ...]] = []
+    hook = trainer.model.get_input_embeddings().register_forward_hook(lambda m, args, out: shapes.append(args[0].shape))
+    results = []
+    for share in (True, False):
+        trainer.optimizer.zero_grad(set_to_none=True)
+        shapes.clear()
+        logits = trainer._logits(ids, first, share_prefix=share)  # [4, 9, V]
+        loss = torch.log_softmax(logits, -1).gather(-1, ids[:, first:, None]).sum()
+        if beta:  # the KL reference runs the same way, adapter off
+            ref = trainer._reference_logprobs(ids, first, ids[:, first:], torch.ones(4))
+            loss = loss + (ref * beta).sum()
+        loss.backward()
+        results.append((logits.detach(), [p.grad.clone() for p in trainer.trainable_parameters()], list(shapes)))
+    hook.remove()
+    (shared_logits, shared_grads, shared_shapes), (full_logits, full_grads, full_shapes) = results
+    assert shared_shapes[:2] == [(1, 19), (4, 10)] and full_shapes[0] == (4, 29)
+    assert torch.allclose(shared_logits, full_logits, atol=1e-4)
+    for a, b in zip(shared_grads, full_grads, strict=True):
+        assert torch.allclose(a, b, rtol=1e-3, atol=1e-5)
+    assert any(g.abs().sum() > 0 for g in full_grads)

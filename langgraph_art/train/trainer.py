@@ -73,7 +73,9 @@ class GRPOTrainer:
         )
         self.model = get_peft_model(base, lora)
         self.device = base.device
-        self._keeps_logits = "logits_to_keep" in inspect.signature(base.forward).parameters
+        forward = inspect.signature(base.forward).parameters
+        self._keeps_logits = "logits_to_keep" in forward
+        self._cache_kwarg = "cache" if "cache" in forward else "past_key_values"
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self._params, lr=self.config.learning_rate, weight_decay=self.config.weight_decay, foreach=True
@@ -218,13 +220,30 @@ class GRPOTrainer:
             losses.append(loss.item())
         return losses
 
-    def _logits(self, ids: torch.Tensor, first: int) -> torch.Tensor:
+    def _logits(self, ids: torch.Tensor, first: int, share_prefix: bool = True) -> torch.Tensor:
         """Logits of positions ``first-1 .. T-2`` (those predicting tokens ``first .. T-1``). No attention mask:
         see ``_tensors``. The LM head runs only there (``logits_to_keep``): an agent's long shared context costs
-        no [T, V] logits, which for a 150k vocabulary and 2k tokens would be 1.2 GB per sequence in float32."""
-        if self._keeps_logits:
-            return self.model(input_ids=ids, logits_to_keep=ids.shape[1] - first + 1).logits[:, :-1]
-        return self.model(input_ids=ids).logits[:, first - 1 : -1]
+        no [T, V] logits, which for a 150k vocabulary and 2k tokens would be 1.2 GB per sequence in float32.
+
+        A GRPO group's runs all start with the same prompt. The tokens every row starts with (before the first
+        trained one) go through the model once; each row's KV cache is a copy of that one's, and the rest of the
+        rows runs on top of it. Gradients flow back through the copies into the shared forward, so the result is
+        the full forward's (tested), at a fraction of the cost when the prompt is long."""
+        rows, width = ids.shape
+        keep = width - first + 1
+        if not self._keeps_logits:
+            return self.model(input_ids=ids).logits[:, first - 1 : -1]
+        shared = _shared_prefix(ids, first - 1) if share_prefix and rows > 1 else 0
+        if shared < _MIN_SHARED_PREFIX:
+            return self.model(input_ids=ids, logits_to_keep=keep).logits[:, :-1]
+        prefix = self.model(input_ids=ids[:1, :shared], use_cache=True, logits_to_keep=1)
+        cache = prefix.cache if getattr(prefix, "cache", None) is not None else prefix.past_key_values
+        cache.batch_repeat_interleave(rows)  # [1, ...] -> [B, ...] per layer, differentiable
+        positions = torch.arange(shared, width, device=ids.device).expand(rows, -1)
+        out = self.model(
+            input_ids=ids[:, shared:], position_ids=positions, logits_to_keep=keep, **{self._cache_kwarg: cache}
+        )
+        return out.logits[:, :-1]
 
     @torch.no_grad()
     def _reference_logprobs(self, ids: torch.Tensor, first: int, targets: torch.Tensor, temp: torch.Tensor) -> Any:
@@ -307,6 +326,15 @@ def _batch_weight(
     if loss_type in ("grpo", "gspo", "dr_grpo"):
         return len(batch) / len(sequences)
     return tokens / max(total_tokens, 1)
+
+
+_MIN_SHARED_PREFIX = 16  # below this a second forward call can cost more than the tokens it saves (2-layer tiny)
+
+
+def _shared_prefix(ids: torch.Tensor, limit: int) -> int:
+    """How many leading columns (at most ``limit``) hold the same token in every row of ``ids`` [B, T]."""
+    same = (ids[:, :limit] == ids[:1, :limit]).all(0)  # [limit]
+    return int(same.long().cumprod(0).sum())
 
 
 def _first_trained_position(batch: list[TrainSequence]) -> int:

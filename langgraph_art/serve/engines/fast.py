@@ -1,14 +1,16 @@
 """A lean forward for Llama-family models (Qwen2, Llama, Mistral without sliding window) on the engine's hot path.
 
 At decode time each row feeds one token, so a step is ~150 small ops, and Hugging Face's module tree spends more
-time dispatching them than computing (5.3 ms per decode step on the 5M tiny model, batch 8). ``FastLM`` runs the
-same math with the q/k/v and gate/up projections fused into one matmul each, a preallocated KV cache written in
-place, and no module calls: 3.8 ms for the same step, logits within 1e-5 of HF's (tested).
+time dispatching them than computing. ``FastLM`` runs the same math with the q/k/v and gate/up projections fused
+into one matmul each, weights stored transposed ([in, out]: at batch 8 a matmul against a [256, 2048] weight
+runs 1.5-2x faster than against the [2048, 256] one that ``F.linear`` transposes on the fly), a preallocated KV
+cache written in place, a rotary table, and no module calls: 3.5 ms per decode step against HF's 6.0 on the 5M
+tiny model at batch 8, logits within 2e-5 of HF's (tested).
 
-Its weights are the model's own: at build time each layer's q/k/v (and gate/up) weights are moved into one
-buffer and the modules' parameters re-pointed to views of it. Anything written into the weights later — an
-adapter merged by ``adapters.py`` — is what the fast path computes; ``relink`` re-fuses if something replaced a
-parameter. Only configurations it reproduces are taken: ``FastLM.build`` returns None, and says why, otherwise.
+Its weights are the model's own: at build time the projections' weights are moved into those buffers and the
+modules' parameters re-pointed to (transposed) views of them. Anything written into the weights later, such as
+an adapter merged by ``adapters.py``, is what the fast path computes; ``relink`` re-fuses if something replaced
+a parameter. Only configurations it reproduces are taken: ``FastLM.build`` returns None, and says why, otherwise.
 
 Left padding, as the engine batches: every row's next token goes in the same cache column; ``valid`` marks the
 columns holding real tokens of each row.
@@ -47,13 +49,14 @@ class FastCache:
 @dataclass
 class _Layer:
     norm1: torch.Tensor  # [H]
-    qkv_weight: torch.Tensor  # [(heads + 2 kv_heads) * head_dim, H]; q/k/v_proj's weights are views of it
+    qkv: torch.Tensor  # [H, (heads + 2 kv_heads) * head_dim]: q/k/v_proj's weights are views of its transpose
     qkv_bias: torch.Tensor | None
     o_proj: nn.Linear
+    o: torch.Tensor  # [heads * head_dim, H]
     norm2: torch.Tensor  # [H]
-    gate_up_weight: torch.Tensor  # [2 I, H]; gate/up_proj's weights are views of it
-    down: nn.Linear
-    projections: tuple[nn.Linear, ...]  # q, k, v, gate, up: must stay views of the fused buffers
+    gate_up: torch.Tensor  # [H, 2 I]
+    down: torch.Tensor  # [I, H]
+    links: tuple[tuple[nn.Linear, torch.Tensor], ...]  # each projection and the buffer its weight must view
 
 
 class FastLM:
@@ -67,6 +70,7 @@ class FastLM:
         self.lm_head = lm.lm_head
         self.inv_freq = model.rotary_emb.inv_freq.float()  # [head_dim / 2]
         self.rope_scale = float(getattr(model.rotary_emb, "attention_scaling", 1.0))
+        self._rope_cos = self._rope_sin = self.embed.new_zeros((0, self.head_dim))  # grown by _rotary
         self.split = [self.heads * self.head_dim, self.kv_heads * self.head_dim, self.kv_heads * self.head_dim]
         self.layers = [self._fuse(layer) for layer in model.layers]
 
@@ -83,30 +87,29 @@ class FastLM:
     def _fuse(self, layer: Any) -> _Layer:
         attn, mlp = layer.self_attn, layer.mlp
         q, k, v = (_linear(attn.q_proj), _linear(attn.k_proj), _linear(attn.v_proj))
-        gate, up = _linear(mlp.gate_proj), _linear(mlp.up_proj)
-        qkv_weight = _share([q, k, v])
-        weight = q.weight
+        o, gate, up, down = _linear(attn.o_proj), _linear(mlp.gate_proj), _linear(mlp.up_proj), _linear(mlp.down_proj)
+        qkv, o_t, gate_up, down_t = _share([q, k, v]), _share([o]), _share([gate, up]), _share([down])
         biases: list[torch.Tensor] = [
-            p.bias.detach() if p.bias is not None else weight.new_zeros(p.out_features) for p in (q, k, v)
+            p.bias.detach() if p.bias is not None else qkv.new_zeros(p.out_features) for p in (q, k, v)
         ]  # a copy: adapters merged into the weights never change biases
         has_bias = any(p.bias is not None for p in (q, k, v))
         return _Layer(
             norm1=layer.input_layernorm.weight,
-            qkv_weight=qkv_weight,
+            qkv=qkv,
             qkv_bias=torch.cat(biases) if has_bias else None,
-            o_proj=_linear(attn.o_proj),
+            o_proj=o,
+            o=o_t,
             norm2=layer.post_attention_layernorm.weight,
-            gate_up_weight=_share([gate, up]),
-            down=_linear(mlp.down_proj),
-            projections=(q, k, v, gate, up),
+            gate_up=gate_up,
+            down=down_t,
+            links=((q, qkv), (k, qkv), (v, qkv), (o, o_t), (gate, gate_up), (up, gate_up), (down, down_t)),
         )
 
     def relink(self, lm: Any) -> None:
         """Re-fuse any layer whose projection weights are no longer views of its buffers (a parameter was
         replaced, e.g. by ``module.weight = ...``): the fast path must compute with the weights the model has."""
         for i, (fast, layer) in enumerate(zip(self.layers, lm.model.layers, strict=True)):
-            buffers = (fast.qkv_weight,) * 3 + (fast.gate_up_weight,) * 2
-            if any(not _views(p.weight, b) for p, b in zip(fast.projections, buffers, strict=True)):
+            if any(not _views(p.weight, buffer) for p, buffer in fast.links):
                 self.layers[i] = self._fuse(layer)
 
     # -- forward ---------------------------------------------------------------------------------------------
@@ -134,7 +137,8 @@ class FastLM:
         qk_size = (heads + kv_heads) * head_dim
         x = F.embedding(ids, self.embed).view(rows * width, -1)  # [B*T, H]: the residual stream
         for index, layer in enumerate(self.layers):
-            qkv = F.linear(_rms(x, layer.norm1, self.eps), layer.qkv_weight, layer.qkv_bias)  # [B*T, (h+2kv)*hd]
+            h = _rms(x, layer.norm1, self.eps)
+            qkv = h @ layer.qkv if layer.qkv_bias is None else torch.addmm(layer.qkv_bias, h, layer.qkv)
             qk = _rope(qkv[:, :qk_size].view(rows, width, heads + kv_heads, head_dim), cos, sin)  # q and k at once
             q = qk[:, :, :heads].transpose(1, 2)  # [B, heads, T, hd]
             cache.keys[index, :, :, start:end] = qk[:, :, heads:].transpose(1, 2)  # [B, kv, T, hd]
@@ -142,21 +146,27 @@ class FastLM:
             attended = F.scaled_dot_product_attention(
                 q, cache.keys[index, :, :, :end], cache.values[index, :, :, :end], attn_mask=mask, enable_gqa=True
             )  # [B, heads, T, hd]
-            x = _add_linear(x, attended.transpose(1, 2).reshape(rows * width, -1), layer.o_proj)
-            gate, up = F.linear(_rms(x, layer.norm2, self.eps), layer.gate_up_weight).chunk(2, -1)  # [B*T, I] each
-            x = _add_linear(x, F.silu(gate) * up, layer.down)
+            x = torch.addmm(x, attended.transpose(1, 2).reshape(rows * width, -1), layer.o)  # residual + o_proj
+            if layer.o_proj.bias is not None:
+                x = x + layer.o_proj.bias
+            gate, up = (_rms(x, layer.norm2, self.eps) @ layer.gate_up).chunk(2, -1)  # [B*T, I] each
+            x = torch.addmm(x, F.silu(gate) * up, layer.down)  # residual + down_proj
         cache.length = end
         last = x.view(rows, width, -1)[:, -1]  # [B, H]
         return self.lm_head(_rms(last, self.final_norm, self.eps))  # [B, V]
 
     def _rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin of each row's positions as HF computes them (float32, then the model's dtype), shaped
-        [B, T, 1, head_dim]; sin's first half negated, so that rotate_half(x) * sin == roll(x) * signed sin."""
-        freqs = positions[..., None].float() * self.inv_freq  # [B, T, head_dim / 2]
-        cos = torch.cat((freqs.cos(), freqs.cos()), -1) * self.rope_scale
-        sin = torch.cat((-freqs.sin(), freqs.sin()), -1) * self.rope_scale
-        dtype = self.embed.dtype
-        return cos[:, :, None].to(dtype), sin[:, :, None].to(dtype)
+        """cos and sin of each row's positions, shaped [B, T, 1, head_dim], looked up in a table grown on demand.
+        Entries are computed as HF computes them (position * inv_freq in float32, then cos/sin, then the model's
+        dtype); sin's first half is negated so that rotate_half(x) * sin == roll(x) * signed sin."""
+        needed = int(positions.max()) + 1
+        if needed > self._rope_cos.shape[0]:
+            size = max(needed, 2 * self._rope_cos.shape[0], 256)
+            freqs = torch.arange(size, device=self.inv_freq.device).float()[:, None] * self.inv_freq  # [P, hd/2]
+            dtype = self.embed.dtype
+            self._rope_cos = (torch.cat((freqs.cos(), freqs.cos()), -1) * self.rope_scale).to(dtype)  # [P, hd]
+            self._rope_sin = (torch.cat((-freqs.sin(), freqs.sin()), -1) * self.rope_scale).to(dtype)
+        return self._rope_cos[positions][:, :, None], self._rope_sin[positions][:, :, None]
 
 
 def unsupported(lm: Any) -> str | None:
@@ -191,13 +201,14 @@ def _linear(module: Any) -> nn.Linear:
 
 
 def _share(linears: list[nn.Linear]) -> torch.Tensor:
-    """One buffer holding the weights of ``linears`` stacked by rows; each one's weight becomes a view of it."""
-    fused = torch.cat([p.weight.detach() for p in linears]).contiguous()
-    row = 0
+    """One [in, sum(out)] buffer holding the transposed weights of ``linears`` side by side; each module's
+    weight becomes a (transposed) view of its columns, so whatever is written into it lands in the buffer."""
+    fused = torch.cat([p.weight.detach().t() for p in linears], dim=1).contiguous()
+    column = 0
     for p in linears:
-        rows = p.weight.shape[0]
-        p.weight = nn.Parameter(fused[row : row + rows], requires_grad=False)
-        row += rows
+        out = p.weight.shape[0]
+        p.weight = nn.Parameter(fused[:, column : column + out].t(), requires_grad=False)
+        column += out
     return fused
 
 
@@ -217,12 +228,6 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     """x * cos + rotate_half(x) * sin, with rotate_half(x) = (-x2, x1) written as roll(x) = (x2, x1) times the
     signed sin from ``_rotary``: three ops instead of six."""
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin)
-
-
-def _add_linear(x: torch.Tensor, inputs: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
-    """x + linear(inputs) in one matmul-accumulate: [N, H] + [N, in] @ [in, H]."""
-    out = torch.addmm(x, inputs, linear.weight.t())
-    return out if linear.bias is None else out + linear.bias
 
 
 def _attention_mask(valid: torch.Tensor, start: int, width: int) -> torch.Tensor | None:

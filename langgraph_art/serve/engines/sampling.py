@@ -55,11 +55,14 @@ def sample_tokens(
     probs = logprobs.exp()  # [B, V]
     cdf = probs.cumsum(dim=-1)  # [B, V]
     uniform = 1.0 - torch.rand(probs.shape[0], generator=default_generator, device=probs.device)  # [B] in (0, 1]
-    for i, gen in enumerate(generators):
-        if gen is not None:
-            uniform[i] = 1.0 - gen.random()
+    if any(gen is not None for gen in generators):  # one tensor built from the rows' own draws, not B writes
+        seeded = torch.tensor([gen is not None for gen in generators], device=probs.device)
+        own = torch.tensor([1.0 - gen.random() if gen is not None else 1.0 for gen in generators])
+        uniform = torch.where(seeded, own.to(uniform), uniform)
     target = (uniform * cdf[:, -1]).unsqueeze(-1)  # [B, 1]
     tokens = torch.searchsorted(cdf, target).squeeze(-1).clamp(max=probs.shape[-1] - 1)  # [B]
+    if not bool(greedy.any()):
+        return tokens
     return torch.where(greedy, logprobs.argmax(dim=-1), tokens)
 
 
