@@ -54,7 +54,7 @@ def test_fast_forward_matches_transformers(arch: str, tiny_path: Path) -> None:
     assert fast is not None
     prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [5, 6, 7, 8, 9, 10], [20]]
     batch = build_prefill(prompts, 0, "cpu")
-    cache = fast.new_cache(len(batch.input_ids), batch.input_ids.shape[1] + 3)
+    cache = fast.new_cache(len(batch.input_ids), batch.input_ids.shape[1])  # full after the prefill: it must grow
     logits = fast.forward(batch.input_ids, batch.positions, batch.mask.bool(), cache)
     index = torch.tensor(batch.source)
     cache.select(index)
@@ -95,12 +95,12 @@ def test_unsupported_configurations_fall_back_with_a_reason(tiny_path: Path) -> 
 
 
 # -- the engine ------------------------------------------------------------------------------------------------
-def save_adapter(tiny_path: Path, folder: Path, seed: int, **lora: Any) -> Path:
+def save_adapter(tiny_path: Path, folder: Path, seed: int, targets: Any = "all-linear", **lora: Any) -> Path:
     """A LoRA with non-zero B (so it changes the outputs), saved by peft."""
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(seed)
-    model = get_peft_model(qwen_tiny(tiny_path), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", **lora))
+    model = get_peft_model(qwen_tiny(tiny_path), LoraConfig(r=4, lora_alpha=8, target_modules=targets, **lora))
     for name, param in model.named_parameters():
         if "lora_B" in name or "lora_magnitude" in name:
             torch.nn.init.normal_(param, mean=1.0 if "magnitude" in name else 0.0, std=0.05)
@@ -115,7 +115,17 @@ def adapters(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
         "a": save_adapter(tiny_path, root / "a", seed=1),
         "b": save_adapter(tiny_path, root / "b", seed=2),
         "dora": save_adapter(tiny_path, root / "dora", seed=3, use_dora=True),
+        "head": lora_only(save_adapter(tiny_path, root / "head", seed=4, targets=["q_proj", "lm_head"])),
     }
+
+
+def lora_only(folder: Path) -> Path:
+    """Keep only the LoRA factors (peft also saves a tied lm_head's base weight unless told not to)."""
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(folder / "adapter_model.safetensors")
+    save_file({k: v for k, v in tensors.items() if ".lora_" in k}, folder / "adapter_model.safetensors")
+    return folder
 
 
 @pytest.fixture
@@ -149,11 +159,12 @@ async def test_fast_merged_engine_samples_what_transformers_and_peft_sample(
     engines: tuple[HFEngine, HFEngine],
 ) -> None:
     """Mixed prompt lengths in one batch (left padding), n > 1 (shared prefill), the base model, two merged
-    adapters and a DoRA adapter (served by peft): same seeded tokens, logprobs within 1e-4."""
+    adapters, a DoRA adapter and a LoRA on the tied lm_head (both served by peft): same seeded tokens, logprobs
+    within 1e-4."""
     fast, plain = engines
     requests = [
         GenerationRequest(ids, SamplingParams(temperature=1.0, max_tokens=12, n=2, seed=7 + i), adapter=adapter)
-        for adapter in (None, "a@1", "b@1", "dora@1", "a@1")
+        for adapter in (None, "a@1", "b@1", "dora@1", "head@1", "a@1")
         for i, ids in enumerate(prompts(fast))
     ]
     got = await asyncio.gather(*(fast.generate(copy.deepcopy(r)) for r in requests))
@@ -165,6 +176,9 @@ async def test_fast_merged_engine_samples_what_transformers_and_peft_sample(
             assert max(abs(a - b) for a, b in zip(sample.logprobs, reference.logprobs, strict=True)) < 1e-4
             texts_by_adapter.setdefault(request.adapter, set()).add(sample.text)
     assert texts_by_adapter[None] != texts_by_adapter["a@1"] != texts_by_adapter["b@1"]  # adapters matter
+    assert fast._adapters.folders().keys() == plain._adapters.folders().keys()
+    served_by_peft = {name for name, adapter in fast._adapters._names.items() if adapter.peft_key is not None}
+    assert served_by_peft == {"dora@1", "head@1"}
 
 
 async def test_switching_adapters_leaves_the_base_weights_bit_identical(
@@ -174,7 +188,7 @@ async def test_switching_adapters_leaves_the_base_weights_bit_identical(
     loaded = qwen_tiny(tiny_path).state_dict()
     ids = prompts(fast)[1]
     merges = fast._adapters.merges
-    for adapter in ["a@1", "a@1", "b@1", None, "dora@1", "a@1", None]:
+    for adapter in ["a@1", "a@1", "b@1", None, "dora@1", "head@1", "a@1", None]:
         await fast.generate(GenerationRequest(ids, SamplingParams(max_tokens=3, seed=1), adapter=adapter))
     assert fast._adapters.merges - merges == 3  # a, b, a: a repeated batch does not merge again
     current = {k.replace("base_layer.", ""): v for k, v in fast._lm.state_dict().items() if "lora" not in k}

@@ -123,10 +123,11 @@ class AdapterSet:
                 return None
             pairs.setdefault(match.group(1), {})[match.group(2)] = tensor
         factors = {}
+        tied = self._lm.get_input_embeddings().weight.data_ptr()
         for path, pair in pairs.items():
             linear = _base_linear(self._lm, path)
-            if linear is None or set(pair) != {"A", "B"}:
-                return None
+            if linear is None or set(pair) != {"A", "B"} or linear.weight.data_ptr() == tied:
+                return None  # (a LoRA on an lm_head tied to the embeddings must not change the embeddings)
             a, b = pair["A"], pair["B"]
             if a.shape != (rank, linear.in_features) or b.shape != (linear.out_features, rank):
                 raise AdapterError(

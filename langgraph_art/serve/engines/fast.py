@@ -45,6 +45,21 @@ class FastCache:
         self.values = self.values.index_select(1, index)
         self.valid = self.valid.index_select(0, index)
 
+    def reserve(self, columns: int) -> None:
+        """Room for ``columns`` columns. The cache doubles (keeping what is written) when it runs out, so a
+        request allowed thousands of tokens does not allocate them all before its first one."""
+        capacity = self.valid.shape[1]
+        if columns <= capacity:
+            return
+        size = max(columns, 2 * capacity)
+        keys = self.keys.new_empty((*self.keys.shape[:3], size, self.keys.shape[4]))
+        values = torch.empty_like(keys)
+        valid = self.valid.new_zeros((self.valid.shape[0], size))
+        keys[:, :, :, : self.length] = self.keys[:, :, :, : self.length]
+        values[:, :, :, : self.length] = self.values[:, :, :, : self.length]
+        valid[:, : self.length] = self.valid[:, : self.length]
+        self.keys, self.values, self.valid = keys, values, valid
+
 
 @dataclass
 class _Layer:
@@ -114,11 +129,12 @@ class FastLM:
 
     # -- forward ---------------------------------------------------------------------------------------------
     def new_cache(self, rows: int, capacity: int) -> FastCache:
+        """An empty cache (it grows past ``capacity`` when needed). Columns are only read once written."""
         shape = (len(self.layers), rows, self.kv_heads, capacity, self.head_dim)
         dtype, device = self.embed.dtype, self.embed.device
         return FastCache(
-            keys=torch.zeros(shape, dtype=dtype, device=device),
-            values=torch.zeros(shape, dtype=dtype, device=device),
+            keys=torch.empty(shape, dtype=dtype, device=device),
+            values=torch.empty(shape, dtype=dtype, device=device),
             valid=torch.zeros((rows, capacity), dtype=torch.bool, device=device),
         )
 
@@ -128,8 +144,7 @@ class FastLM:
         ``length .. length+T-1``; returns the next-token logits after each row's last column [B, V]."""
         rows, width = ids.shape
         start, end = cache.length, cache.length + width
-        if end > cache.valid.shape[1]:
-            raise ValueError(f"the KV cache holds {cache.valid.shape[1]} columns; {end} needed")
+        cache.reserve(end)
         cache.valid[:, start:end] = valid
         mask = _attention_mask(cache.valid[:, :end], start, width)  # [B, 1, T, end] or None
         cos, sin = self._rotary(positions)  # [B, T, 1, head_dim] each; sin signed for the rotation by roll

@@ -74,7 +74,7 @@ class FastSteps:
 
     def prefill(self, batch: Prefill) -> torch.Tensor:
         rows, width = batch.input_ids.shape
-        self.cache = cache = self.fast.new_cache(rows, width + self.max_new)
+        self.cache = cache = self.fast.new_cache(rows, width + min(self.max_new, 256))  # grows if needed
         logits = self.fast.forward(batch.input_ids, batch.positions, batch.mask.bool(), cache)  # [U, V]
         self.next_pos = batch.positions[:, -1:] + 1  # [U, 1]
         if batch.shared:
