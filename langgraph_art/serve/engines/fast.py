@@ -3,9 +3,9 @@
 At decode time each row feeds one token, so a step is ~150 small ops, and Hugging Face's module tree spends more
 time dispatching them than computing. ``FastLM`` runs the same math with the q/k/v and gate/up projections fused
 into one matmul each, weights stored transposed ([in, out]: at batch 8 a matmul against a [256, 2048] weight
-runs 1.5-2x faster than against the [2048, 256] one that ``F.linear`` transposes on the fly), its own KV
-cache written in place (grown by doubling), a rotary table, and no module calls: 3.5 ms per decode step against HF's 6.0 on the 5M
-tiny model at batch 8, logits within 1e-4 of HF's (tested; ~2e-5 measured).
+runs 1.5-2x faster than against the [2048, 256] one that ``F.linear`` transposes on the fly), its own KV cache
+written in place (grown by doubling), a rotary table, and no module calls: 3.5 ms per decode step against HF's
+6.0 on the 5M tiny model at batch 8, logits within 1e-4 of HF's (tested; ~2e-5 measured).
 
 Its weights are the model's own: at build time the projections' weights are moved into those buffers and the
 modules' parameters re-pointed to (transposed) views of them. Anything written into the weights later, such as
