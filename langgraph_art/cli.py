@@ -42,6 +42,10 @@ def serve(
     max_batch_size: Annotated[int, typer.Option(help="rows (requests x n) decoded together")] = 64,
     home: Annotated[str, typer.Option(help="where the training API keeps checkpoints")] = ".art",
     train: Annotated[bool, typer.Option(help="expose the training API (/v1/train/...)")] = True,
+    merge_adapters: Annotated[
+        bool, typer.Option(help="merge the adapter in use into the weights (off: peft's LoRA layers, less memory)")
+    ] = True,
+    fast_decode: Annotated[bool, typer.Option(help="fused forward for Qwen2/Llama/Mistral (off: transformers)")] = True,
 ) -> None:
     """Serve a model and its LoRA adapters over an OpenAI-compatible HTTP API."""
     if not is_loopback(host) and not api_key:
@@ -56,7 +60,14 @@ def serve(
     from langgraph_art.serve.app import create_app
     from langgraph_art.serve.engines.hf import HFEngine
 
-    engine = HFEngine(model, served_name=served_name, device=device, max_batch_size=max_batch_size)
+    engine = HFEngine(
+        model,
+        served_name=served_name,
+        device=device,
+        max_batch_size=max_batch_size,
+        merge_adapters=merge_adapters,
+        fast_decode=fast_decode,
+    )
     typer.echo(f"langgraph-art: serving {engine.base_model!r} on http://{host}:{port}/v1 (loading the model...)")
     app_ = create_app(engine, api_key=api_key)
     if train:

@@ -74,7 +74,11 @@ class TrainableModel(BaseModel):
 
 class LocalBackend:
     """The embedded service: one in-process inference server per base model, started on first registration, and
-    one GRPO trainer per trainable model, whose checkpoints are hot-loaded into the server as ``name@step``."""
+    one GRPO trainer per trainable model, whose checkpoints are hot-loaded into the server as ``name@step``.
+
+    ``merge_adapters=False`` serves adapters through peft's LoRA layers instead of merging the one in use into
+    the weights: slower sampling, but no copy of the targeted base weights in memory (for a large model in a
+    tight RAM budget). ``fast_decode=False`` runs every forward through transformers."""
 
     def __init__(
         self,
@@ -83,11 +87,18 @@ class LocalBackend:
         device: str | None = None,
         max_batch_size: int = 64,
         keep_loaded: int = 4,
+        merge_adapters: bool = True,
+        fast_decode: bool = True,
     ) -> None:
         self.home = Path(home) if home is not None else default_home()
         self.device = device
         self.keep_loaded = keep_loaded
-        self._engine_kwargs: dict[str, Any] = {"device": device, "max_batch_size": max_batch_size}
+        self._engine_kwargs: dict[str, Any] = {
+            "device": device,
+            "max_batch_size": max_batch_size,
+            "merge_adapters": merge_adapters,
+            "fast_decode": fast_decode,
+        }
         self._servers: dict[str, Any] = {}
         self._trainers: dict[str, Any] = {}
         self._lock = threading.Lock()

@@ -66,6 +66,15 @@ def test_local_backend_starts_an_embedded_service(tiny_path: Path, tmp_path: Pat
         assert policies == [{"name": "local-agent", "serves": str(tiny_path)}]
 
 
+def test_local_backend_passes_the_engine_options_on(tiny_path: Path, tmp_path: Path) -> None:
+    with art.LocalBackend(home=tmp_path, merge_adapters=False, fast_decode=False) as backend:
+        model = art.TrainableModel(name="plain-agent", project="demo", base_model=str(tiny_path)).register(backend)
+        reply = art.ChatART(model=model, max_tokens=3).invoke("hello")
+        assert len(reply.response_metadata["logprobs"]["content"]) <= 3
+        engine = backend.server(str(tiny_path)).engine
+        assert engine._fast is None and engine._adapters._merge is False
+
+
 def test_unreachable_remote_is_a_clear_error() -> None:
     with pytest.raises(ConfigError, match="cannot reach"):
         art.TrainableModel(name="a", project="p").register(art.RemoteBackend("http://127.0.0.1:9/v1"))
