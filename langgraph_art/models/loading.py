@@ -59,6 +59,20 @@ def load_causal_lm(model: str, *, device: str | None = None, dtype: Any = None) 
     return lm, load_tokenizer(path)
 
 
+def cache_argument(lm: Any) -> str:
+    """The keyword ``lm.forward`` takes its KV cache by: ``cache`` since transformers 5.x renamed it, else
+    ``past_key_values``."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(lm.forward).parameters else "past_key_values"
+
+
+def cache_of(output: Any) -> Any:
+    """The KV cache a forward returned, under either name."""
+    cache = getattr(output, "cache", None)
+    return cache if cache is not None else output.past_key_values
+
+
 def eos_token_ids(lm: Any, tokenizer: Any) -> set[int]:
     """Every id that ends a turn: the generation config's EOS ids plus the tokenizer's EOS."""
     ids: set[int] = set()

@@ -25,7 +25,7 @@ import torch
 
 from langgraph_art.config import GRPOConfig
 from langgraph_art.errors import ConfigError, LangGraphArtError
-from langgraph_art.models.loading import load_causal_lm
+from langgraph_art.models.loading import cache_argument, cache_of, load_causal_lm
 from langgraph_art.train import checkpoint
 from langgraph_art.train.advantages import group_advantages
 from langgraph_art.train.loss import policy_loss, token_logprobs, token_logprobs_and_entropy
@@ -73,9 +73,8 @@ class GRPOTrainer:
         )
         self.model = get_peft_model(base, lora)
         self.device = base.device
-        forward = inspect.signature(base.forward).parameters
-        self._keeps_logits = "logits_to_keep" in forward
-        self._cache_kwarg = "cache" if "cache" in forward else "past_key_values"
+        self._keeps_logits = "logits_to_keep" in inspect.signature(base.forward).parameters
+        self._cache_kwarg = cache_argument(base)
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self._params, lr=self.config.learning_rate, weight_decay=self.config.weight_decay, foreach=True
@@ -237,7 +236,7 @@ class GRPOTrainer:
         if shared < _MIN_SHARED_PREFIX:
             return self.model(input_ids=ids, logits_to_keep=keep).logits[:, :-1]
         prefix = self.model(input_ids=ids[:1, :shared], use_cache=True, logits_to_keep=1)
-        cache = prefix.cache if getattr(prefix, "cache", None) is not None else prefix.past_key_values
+        cache = cache_of(prefix)
         cache.batch_repeat_interleave(rows)  # [1, ...] -> [B, ...] per layer, differentiable
         positions = torch.arange(shared, width, device=ids.device).expand(rows, -1)
         out = self.model(

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import inspect
 import json
 import logging
 import random
@@ -28,7 +27,7 @@ from typing import Any
 import torch
 
 from langgraph_art.errors import AdapterError, ContextLengthError, EngineNotReadyError, ModelNotFoundError
-from langgraph_art.models.loading import eos_token_ids, load_causal_lm
+from langgraph_art.models.loading import cache_argument, eos_token_ids, load_causal_lm
 from langgraph_art.serve.engines import sampling
 from langgraph_art.serve.engines.adapters import AdapterSet
 from langgraph_art.serve.engines.base import (
@@ -144,8 +143,7 @@ class HFEngine:
         self._eos = eos_token_ids(self._lm, self._tokenizer)
         self._pad = int(self._tokenizer.pad_token_id)
         self._rng = torch.Generator(device=self._lm.device).manual_seed(self._seed)
-        params = inspect.signature(self._lm.forward).parameters
-        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._cache_kwarg = cache_argument(self._lm)
         self._fast = FastLM.build(self._lm) if self._fast_decode else None
         self._adapters = AdapterSet(self._lm, merge=self._merge_adapters)
 

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 import torch
 
+from langgraph_art.models.loading import cache_of
 from langgraph_art.serve.engines.fast import FastCache, FastLM
 from langgraph_art.serve.engines.prefill import Prefill
 
@@ -40,7 +41,7 @@ class HFSteps:
             use_cache=True,
             logits_to_keep=1,
         )
-        self.cache = _cache_of(out)
+        self.cache = cache_of(out)
         logits, self.mask, positions = out.logits[:, -1, :], batch.mask, batch.positions  # [U, V], [U, W], [U, W]
         if batch.shared:  # one cache row (and logits row) per sample, copied from its prompt's
             index = torch.tensor(batch.source, device=logits.device)
@@ -58,7 +59,7 @@ class HFSteps:
             use_cache=True,
             **{self.cache_kwarg: self.cache},
         )
-        self.cache, self.next_pos = _cache_of(out), self.next_pos + 1
+        self.cache, self.next_pos = cache_of(out), self.next_pos + 1
         return out.logits[:, -1, :]
 
     def select(self, index: torch.Tensor) -> None:
@@ -94,8 +95,3 @@ class FastSteps:
         assert self.cache is not None, "prefill first"
         self.cache.select(index)
         self.next_pos = self.next_pos[index]
-
-
-def _cache_of(output: Any) -> Any:
-    cache = getattr(output, "cache", None)
-    return cache if cache is not None else output.past_key_values
