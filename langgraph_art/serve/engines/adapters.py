@@ -57,10 +57,18 @@ class Policy:
     plain: bool
 
 
+@dataclass(frozen=True)
+class _Factor:
+    linear: nn.Linear  # the targeted layer (peft may wrap it later; this stays its base layer)
+    a: torch.Tensor  # [r, in]
+    b: torch.Tensor  # [out, r]
+    scale: float
+
+
 @dataclass(eq=False)
 class _Adapter:
     folder: str
-    factors: dict[str, tuple[torch.Tensor, torch.Tensor, float]] | None  # module path -> (A [r, in], B [out, r], s)
+    factors: dict[str, _Factor] | None  # module path -> its LoRA; None when peft serves the adapter
     peft_key: str | None = None  # set when peft serves it
 
 
@@ -106,7 +114,7 @@ class AdapterSet:
                 warnings.filterwarnings("ignore", message=".*was active which is now deleted.*")
                 self._peft.delete_adapter(adapter.peft_key)
 
-    def _read_plain_lora(self, folder: Path) -> dict[str, tuple[torch.Tensor, torch.Tensor, float]] | None:
+    def _read_plain_lora(self, folder: Path) -> dict[str, _Factor] | None:
         """The adapter's factors per module, or None when it is not plain LoRA on this model's linear layers."""
         from safetensors.torch import load_file
 
@@ -136,7 +144,7 @@ class AdapterSet:
                     "trained on another base model"
                 )
             weight = linear.weight
-            factors[path] = (a.to(weight.device, weight.dtype), b.to(weight.device, weight.dtype), scale)
+            factors[path] = _Factor(linear, a.to(weight.device, weight.dtype), b.to(weight.device, weight.dtype), scale)
         return factors or None
 
     def _load_with_peft(self, name: str, folder: str) -> str:
@@ -187,11 +195,11 @@ class AdapterSet:
         assert adapter.factors is not None
         if self._merged is not None:
             self._restore([p for p in self._merged.factors or {} if p not in adapter.factors])
-        for path, (a, b, scale) in adapter.factors.items():
-            weight = _base_linear(self._lm, path).weight  # type: ignore[union-attr]
+        for path, factor in adapter.factors.items():
+            weight = factor.linear.weight
             if path not in self._pristine:  # first merge into this module: the weight is W0 now
                 self._pristine[path] = weight.detach().clone()
-            torch.addmm(self._pristine[path], b, a, alpha=scale, out=weight)  # [out, r] @ [r, in]
+            torch.addmm(self._pristine[path], factor.b, factor.a, alpha=factor.scale, out=weight)  # [out, r] @ [r, in]
         self._merged = adapter
         self.merges += 1
 
@@ -200,8 +208,9 @@ class AdapterSet:
         """Put W0 back in ``paths`` (default: every module the merged adapter changed, which is then unmerged)."""
         if self._merged is None:
             return
-        for path in paths if paths is not None else list(self._merged.factors or {}):
-            _base_linear(self._lm, path).weight.copy_(self._pristine[path])  # type: ignore[union-attr]
+        factors = self._merged.factors or {}
+        for path in paths if paths is not None else list(factors):
+            factors[path].linear.weight.copy_(self._pristine[path])
         if paths is None:
             self._merged = None
 
