@@ -25,10 +25,9 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage
 from langchain_core.tools import tool
-from langgraph.graph import START, MessagesState, StateGraph
-from langgraph.prebuilt import ToolNode, tools_condition
 
 from langgraph_art.capture.callbacks import TrajectoryCallbackHandler
+from langgraph_art.demo import tool_loop
 
 
 @tool
@@ -44,18 +43,7 @@ def build_graph(loops: int) -> Any:
                 yield AIMessage("", tool_calls=[{"name": "lookup", "args": {"key": f"k{i}"}, "id": f"c{i}"}])
             yield AIMessage("done")
 
-    model = GenericFakeChatModel(messages=messages())
-
-    def agent(state: MessagesState) -> dict:
-        return {"messages": [model.invoke(state["messages"])]}
-
-    graph = StateGraph(MessagesState)
-    graph.add_node("agent", agent)
-    graph.add_node("tools", ToolNode([lookup]))
-    graph.add_edge(START, "agent")
-    graph.add_conditional_edges("agent", tools_condition)
-    graph.add_edge("tools", "agent")
-    return graph.compile()
+    return tool_loop(GenericFakeChatModel(messages=messages()), [lookup])
 
 
 class DoNothing(BaseCallbackHandler):

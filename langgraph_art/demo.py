@@ -42,19 +42,24 @@ def lookup(key: str) -> str:
     return VALUES.get(key.strip().lower(), "unknown key")
 
 
-def build_agent(llm: art.ChatART) -> Any:
-    agent_llm = llm.bind_tools([lookup])
+def tool_loop(model: Any, tools: list[Any]) -> Any:
+    """The usual LangGraph agent: node "agent" calls ``model`` (a chat model that can emit calls of ``tools``),
+    node "tools" runs them, back to "agent" until it answers without a tool call. Compiled."""
 
     def agent(state: MessagesState) -> dict:
-        return {"messages": [agent_llm.invoke(state["messages"])]}
+        return {"messages": [model.invoke(state["messages"])]}
 
     graph = StateGraph(MessagesState)
     graph.add_node("agent", agent)
-    graph.add_node("tools", ToolNode([lookup]))
+    graph.add_node("tools", ToolNode(tools))
     graph.add_edge(START, "agent")
     graph.add_conditional_edges("agent", tools_condition)
     graph.add_edge("tools", "agent")
-    return graph.compile().with_config(recursion_limit=6)
+    return graph.compile()
+
+
+def build_agent(llm: art.ChatART) -> Any:
+    return tool_loop(llm.bind_tools([lookup]), [lookup]).with_config(recursion_limit=6)
 
 
 @art.reward

@@ -87,21 +87,9 @@ def train_tool_call_adapter(model_path: Path, out: Path, max_steps: int = 300, s
 
 def tool_loop_graph(llm: Any) -> Any:
     """agent (ChatART with the weather tool) <-> tools, until the agent answers without a tool call."""
-    from langgraph.graph import START, MessagesState, StateGraph
-    from langgraph.prebuilt import ToolNode, tools_condition
+    from langgraph_art.demo import tool_loop
 
-    bound = llm.bind_tools([get_weather])
-
-    def agent(state: MessagesState) -> dict:
-        return {"messages": [bound.invoke(state["messages"])]}
-
-    graph = StateGraph(MessagesState)
-    graph.add_node("agent", agent)
-    graph.add_node("tools", ToolNode([get_weather]))
-    graph.add_edge(START, "agent")
-    graph.add_conditional_edges("agent", tools_condition)
-    graph.add_edge("tools", "agent")
-    return graph.compile()
+    return tool_loop(llm.bind_tools([get_weather]), [get_weather])
 
 
 def one_agent_graph(llm: Any) -> Any:
