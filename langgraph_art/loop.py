@@ -9,6 +9,7 @@ step's runs, rewards and metrics are exported in the background (see ``integrati
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
@@ -21,12 +22,13 @@ from typing import Any
 
 from langchain_core.runnables import Runnable
 
-from langgraph_art.capture.rollout import gather_groups
+from langgraph_art.capture.rollout import agather_groups, check_scenarios
 from langgraph_art.config import GRPOConfig
 from langgraph_art.errors import ConfigError
 from langgraph_art.progress import ProgressBar
-from langgraph_art.rewards.combine import score_groups
+from langgraph_art.rewards.combine import ascore_groups
 from langgraph_art.service import LocalBackend, RemoteBackend, TrainableModel
+from langgraph_art.sync import run_sync
 from langgraph_art.train.advantages import group_advantages
 
 log = logging.getLogger(__name__)
@@ -67,25 +69,40 @@ class Trainer:
         return self.backend.run_dir(self.model)
 
     def warmup(self, examples: Sequence[Any], *, steps: int, learning_rate: float | None = None) -> list[float]:
-        """SFT warm-up (conversations or stored trajectories) before RL; returns the loss per step."""
-        return self.backend.warmup(self.model, examples, steps=steps, learning_rate=learning_rate, config=self.config)
+        """SFT warm-up (conversations or stored trajectories) before RL; returns the loss per step. Works inside a
+        running event loop too (there, ``await trainer.awarmup(...)`` does not block it)."""
+        return run_sync(self.awarmup(examples, steps=steps, learning_rate=learning_rate))
+
+    async def awarmup(self, examples: Sequence[Any], *, steps: int, learning_rate: float | None = None) -> list[float]:
+        """Async ``warmup``: the SFT runs in a worker thread, so the caller's event loop stays responsive."""
+        return await asyncio.to_thread(
+            self.backend.warmup, self.model, examples, steps=steps, learning_rate=learning_rate, config=self.config
+        )
 
     def train(self, scenarios: Sequence[Mapping[str, Any]], steps: int, *, progress: bool = True) -> list[dict]:
-        """Run ``steps`` training steps over ``scenarios`` (cycled); returns the metrics of each step."""
-        if steps < 1:
-            raise ConfigError(f"steps must be >= 1, got {steps}")
+        """Run ``steps`` training steps over ``scenarios`` (cycled); returns the metrics of each step.
+
+        Works from plain code and inside a running event loop (a notebook); in async code ``await
+        trainer.atrain(...)`` runs on your loop instead of blocking it."""
+        return run_sync(self.atrain(scenarios, steps, progress=progress))
+
+    async def atrain(self, scenarios: Sequence[Mapping[str, Any]], steps: int, *, progress: bool = True) -> list[dict]:
+        """Async ``train``: rollouts run on the caller's event loop, the GRPO step in a worker thread."""
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ConfigError(f"steps must be an int >= 1, got {steps!r}")
         if not scenarios:
             raise ConfigError("scenarios is empty: pass a list of {'input': ..., **reference data} dicts")
-        self.backend.trainer(self.model, self.config)  # load (or resume) before the first rollout
+        check_scenarios(scenarios)
+        await asyncio.to_thread(self.backend.trainer, self.model, self.config)  # load (or resume) before rollouts
         cycle = itertools.cycle(scenarios)
         try:
             with ProgressBar("training", steps, progress) as bar:
                 for _ in range(steps):
-                    m = self.train_step([next(cycle) for _ in range(self.scenarios_per_step)])
+                    m = await self.atrain_step([next(cycle) for _ in range(self.scenarios_per_step)])
                     bar.advance(f"reward {m['reward/mean']:.3f} ± {m['reward/std']:.3f}  step {m['time/step_s']:.2f}s")
         finally:
-            self.flush_exports()
-        self.plot()
+            await asyncio.to_thread(self.flush_exports)
+        await asyncio.to_thread(self.plot)
         return self.history
 
     def flush_exports(self, timeout: float = 30.0) -> None:
@@ -107,9 +124,14 @@ class Trainer:
             log.info("Langfuse: %s", self.exporter.total)
 
     def train_step(self, scenarios: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+        """One step: rollouts of ``scenarios``, rewards, one GRPO update, checkpoint; returns the step's metrics."""
+        return run_sync(self.atrain_step(scenarios))
+
+    async def atrain_step(self, scenarios: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+        """Async ``train_step``."""
         started, wall = time.perf_counter(), time.time()
-        policy_step = self.backend.current_step(self.model)
-        groups = gather_groups(
+        policy_step = await asyncio.to_thread(self.backend.current_step, self.model)
+        groups = await agather_groups(
             self.graph,
             scenarios,
             self.config.num_generations,
@@ -120,14 +142,14 @@ class Trainer:
             metadata={"policy_step": policy_step, "training_run": self.run_id},
         )
         rollout_s = time.perf_counter() - started
-        report = score_groups(groups, self.rewards)
+        report = await ascore_groups(groups, self.rewards)
         advantages = group_advantages(groups, self.config.scale_rewards).by_trajectory
         for group in groups:  # rewards (and the advantage each run will get) are part of the record
             for t in group.trajectories:
                 if t.id in advantages:
                     t.metadata["advantage"] = advantages[t.id]
-            self.store.add_group(group)
-        result = self.backend.train_step(self.model, groups, self.config)
+            await asyncio.to_thread(self.store.add_group, group)
+        result = await asyncio.to_thread(self.backend.train_step, self.model, groups, self.config)
         rewards = [t.reward for g in groups for t in g.completed() if t.reward is not None]
         metrics = {
             "step": float(result.step),
@@ -144,6 +166,11 @@ class Trainer:
         if not result.updated:
             log.warning("step skipped: %s", result.reason)
         self.history.append(metrics)
+        await asyncio.to_thread(self._log, metrics, wall, policy_step)
+        return metrics
+
+    def _log(self, metrics: dict[str, float], wall: float, policy_step: int) -> None:
+        """Append the step to ``metrics.jsonl`` and hand it to the exporter."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         record = {
             "run": self.run_id,
@@ -157,7 +184,6 @@ class Trainer:
             out.write(json.dumps(record) + "\n")
         if self.exporter is not None:
             self.exporter.submit(step=policy_step, record=record)
-        return metrics
 
     def plot(self, path: str | Path | None = None) -> Path | None:
         """Write the reward curve (mean and std per step) as a PNG; needs matplotlib."""

@@ -19,6 +19,7 @@ from langchain_core.outputs import ChatGenerationChunk, ChatResult, LLMResult
 from langchain_openai import ChatOpenAI
 from pydantic import Field, model_validator
 
+from langgraph_art.capture.http import loop_safe_async_client
 from langgraph_art.capture.messages import to_openai_messages
 from langgraph_art.capture.recorder import ART_LLM_TYPE, TurnRecorder, build_turns, call_id_of, policy_step
 from langgraph_art.errors import ConfigError
@@ -71,6 +72,10 @@ class ChatART(ChatOpenAI):
                 f"`langgraph-art serve`) or set {ENV_BASE_URL}, or pass model=<TrainableModel registered with a "
                 "backend>"
             )
+        own_async = ("http_async_client", "async_client", "openai_proxy")
+        if not any(values.get(key) for key in own_async) and not os.environ.get("OPENAI_PROXY"):
+            # langchain-openai's shared async client is bound to the first event loop that used it
+            values["http_async_client"] = loop_safe_async_client()
         if not (values.get("api_key") or values.get("openai_api_key")):
             # the service's own key variable first; a local service started without a key accepts anything
             values["api_key"] = os.environ.get(ENV_API_KEY) or os.environ.get("OPENAI_API_KEY") or "unused"

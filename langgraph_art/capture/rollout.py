@@ -25,6 +25,7 @@ from langgraph_art.capture.recorder import TurnRecorder
 from langgraph_art.errors import ConfigError, LangGraphArtError
 from langgraph_art.progress import ProgressBar
 from langgraph_art.store import TrajectoryStore
+from langgraph_art.sync import run_sync
 from langgraph_art.types import Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)
@@ -144,7 +145,7 @@ def scenario_id(scenario: Mapping[str, Any]) -> str:
     return "s-" + hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def _check_scenarios(scenarios: Sequence[Mapping[str, Any]]) -> None:
+def check_scenarios(scenarios: Sequence[Mapping[str, Any]]) -> None:
     for i, scenario in enumerate(scenarios):
         if not isinstance(scenario, Mapping) or "input" not in scenario:
             raise ConfigError(
@@ -177,7 +178,7 @@ async def agather_groups(
         raise ConfigError(f"max_concurrency must be at least 1, got {max_concurrency}")
     if on_failure not in ("keep", "raise"):
         raise ConfigError(f"on_failure must be 'keep' or 'raise', got {on_failure!r}")
-    _check_scenarios(scenarios)
+    check_scenarios(scenarios)
     recorders = list(recorders)
     limit = asyncio.Semaphore(max_concurrency)
     groups = [
@@ -227,9 +228,6 @@ async def agather_groups(
 def gather_groups(
     graph: Runnable, scenarios: Sequence[Mapping[str, Any]], num_generations: int = 8, **kwargs: Any
 ) -> list[TrajectoryGroup]:
-    """Synchronous ``agather_groups``; inside a running event loop, ``await agather_groups(...)`` instead."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(agather_groups(graph, scenarios, num_generations, **kwargs))
-    raise LangGraphArtError("gather_groups() was called inside a running event loop: use await agather_groups()")
+    """Synchronous ``agather_groups`` (works inside a running event loop too; there ``await agather_groups(...)``
+    does not block the loop)."""
+    return run_sync(agather_groups(graph, scenarios, num_generations, **kwargs))

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from langgraph_art.errors import LangGraphArtError
 from langgraph_art.rewards.decorators import RewardFunction, Score
+from langgraph_art.sync import run_sync
 from langgraph_art.types import Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)
@@ -77,8 +78,9 @@ async def ascore_groups(groups: Sequence[TrajectoryGroup], rewards: Sequence[Any
 
 
 def score_groups(groups: Sequence[TrajectoryGroup], rewards: Sequence[Any]) -> RewardReport:
-    """Synchronous ``ascore_groups`` (inside a running event loop, await ``ascore_groups``)."""
-    return asyncio.run(ascore_groups(groups, rewards))
+    """Synchronous ``ascore_groups`` (works inside a running event loop too; there ``await ascore_groups(...)``
+    does not block the loop)."""
+    return run_sync(ascore_groups(groups, rewards))
 
 
 async def _score_group(

@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import re
+import weakref
 from pathlib import Path
 from typing import Any, Literal
 
@@ -86,7 +87,10 @@ class RulerJudge:
         self.max_retries, self.on_error = max_retries, on_error
         self.cache_dir = (Path(cache_dir) if cache_dir else default_home() / "judge-cache") if cache else None
         self.max_concurrency = max_concurrency
-        self._limits: dict[int, asyncio.Semaphore] = {}  # per event loop: a semaphore is bound to its loop
+        # per event loop (a semaphore is bound to the loop that first used it); weak, so closed loops go away
+        self._limits: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+            weakref.WeakKeyDictionary()
+        )
         self._structured: bool | None = None  # unknown until tried
         self.usage: dict[str, float] = {
             "calls": 0,
@@ -150,8 +154,7 @@ class RulerJudge:
     async def _call(self, messages: list[BaseMessage]) -> Any:
         if self.max_concurrency <= 0:
             return await self._invoke(messages)
-        loop = id(asyncio.get_running_loop())
-        limit = self._limits.setdefault(loop, asyncio.Semaphore(self.max_concurrency))
+        limit = self._limits.setdefault(asyncio.get_running_loop(), asyncio.Semaphore(self.max_concurrency))
         async with limit:
             return await self._invoke(messages)
 

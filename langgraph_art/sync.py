@@ -1,0 +1,85 @@
+"""``run_sync``: how every sync entry point (``Trainer.train``, ``gather_groups``, ``score_groups``...) runs its async
+implementation, whether or not an event loop is already running in the caller's thread.
+
+The coroutine runs on one private event loop that lives, in its own daemon thread, as long as the process:
+
+- Called repeatedly from plain sync code, every call uses the same loop. Async clients created during one call
+  (a judge's ``ChatOpenAI``, whose httpx client langchain-openai caches per base URL; a Langfuse client) stay usable
+  in the next; ``asyncio.run`` per call would close the loop under them (``RuntimeError: Event loop is closed``).
+- Called inside a running loop (Jupyter, an async web handler), the caller's thread waits for the private loop
+  instead of nesting loops. (In async code, prefer the ``a``-prefixed twin: it does not block your loop.)
+- The caller's context variables travel with the coroutine (LangChain's tracing and callback context).
+- A call made from the private loop's own thread (a sync reward function calling ``score_groups``) runs on a
+  one-off loop in a helper thread instead of deadlocking.
+- Ctrl-C (or any exception raised while waiting) cancels the coroutine, waits briefly for it to unwind, and
+  re-raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextvars
+import os
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+_CANCEL_WAIT_S = 5.0
+
+
+class _LoopThread:
+    """An event loop running forever in a daemon thread."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._run, name="langgraph-art-loop", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+
+class _Private:
+    """Holds the process's private loop; created on first use and again after ``fork`` (threads do not survive)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._current: _LoopThread | None = None
+
+    def get(self) -> _LoopThread:
+        with self._lock:
+            if self._current is None or self._current.pid != os.getpid() or not self._current.thread.is_alive():
+                self._current = _LoopThread()
+            return self._current
+
+
+_private = _Private()
+
+
+def run_sync(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to completion and return its result (or raise its exception); see the module docstring."""
+    runner = _private.get()
+    if threading.current_thread() is runner.thread:
+        return _run_in_helper_thread(coro)
+    future = asyncio.run_coroutine_threadsafe(coro, runner.loop)  # copies this thread's contextvars
+    try:
+        return future.result()
+    except BaseException:
+        if not future.done():
+            future.cancel()
+            concurrent.futures.wait([future], timeout=_CANCEL_WAIT_S)
+        raise
+
+
+def _run_in_helper_thread(coro: Coroutine[Any, Any, T]) -> T:
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="langgraph-art-nested") as pool:
+        return pool.submit(contextvars.copy_context().run, asyncio.run, coro).result()
+
+
+def private_loop() -> asyncio.AbstractEventLoop:
+    """The loop ``run_sync`` uses (for tests and for objects that must live on it)."""
+    return _private.get().loop

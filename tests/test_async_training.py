@@ -1,0 +1,228 @@
+"""Training graphs we did not write, async graphs and notebooks (a running event loop), called repeatedly.
+
+Every graph here reaches ChatART through ``ainvoke`` (LangGraph's async path), so every step's rollouts use the async
+OpenAI client; before one event loop per training run, the second step of each failed with "Event loop is closed".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from langgraph.graph import START, MessagesState, StateGraph
+
+import langgraph_art as art
+from langgraph_art.sync import private_loop, run_sync
+from tests.helpers import get_weather
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+
+
+@art.reward
+def varied(metadata: dict[str, Any]) -> float:
+    """Differs between the runs of a group whatever they sampled (the random tiny model often samples the same
+    tokens every time): every group teaches, every step updates. These tests prove the plumbing under graphs we did
+    not write; learning is proven in test_learning.py."""
+    return metadata["generation"] / 4
+
+
+SCENARIOS = [{"id": "numbers", "input": {"messages": [("user", "Write some numbers.")]}}]
+CONFIG = art.GRPOConfig(learning_rate=1e-4, seed=0)  # small: runs stay diverse, every step updates
+
+
+@pytest.fixture(scope="module")
+def backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[art.LocalBackend]:
+    with art.LocalBackend(home=tmp_path_factory.mktemp("home")) as local:
+        yield local
+
+
+def model_for(backend: art.LocalBackend, name: str) -> art.TrainableModel:
+    return art.TrainableModel(name=name, project="async", base_model="tiny").register(backend)
+
+
+def assert_trained(history: list[dict[str, float]], steps: int) -> None:
+    """Every step ran its runs without a failure, and the policy moved (a checkpoint was written and served)."""
+    assert len(history) == steps
+    assert [m["runs/failed"] for m in history] == [0.0] * steps, history
+    assert [m["train/updated"] for m in history] == [1.0] * steps
+    assert [m["policy_step"] for m in history][-steps:] == [history[0]["policy_step"] + i for i in range(steps)]
+
+
+def async_node_graph(llm: Any) -> Any:
+    async def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [await llm.ainvoke(state["messages"])]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", agent)
+    graph.add_edge(START, "agent")
+    return graph.compile()
+
+
+def test_chat_art_ainvoke_in_new_event_loops_and_in_two_loops_at_once(server: Any) -> None:
+    llm = art.ChatART(base_url=server.base_url, model="tiny", max_tokens=4)
+    for _ in range(3):  # each asyncio.run closes its loop; the next must not reuse its connections
+        assert asyncio.run(llm.ainvoke("hi")).response_metadata["model_name"] == "tiny"
+    errors: list[BaseException] = []
+
+    def in_own_loop() -> None:
+        try:
+            for _ in range(3):
+                asyncio.run(llm.ainvoke("hello"))
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=in_own_loop) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    transport = llm.root_async_client._client._transport
+    assert transport.loops <= 3  # pools of closed loops are dropped, not accumulated
+
+
+def test_async_node_graph_trains(backend: art.LocalBackend) -> None:
+    model = model_for(backend, "async-node")
+    llm = art.ChatART(model=model, temperature=1.0, max_tokens=8)
+    trainer = art.Trainer(async_node_graph(llm), model, rewards=[varied], num_generations=4, config=CONFIG)
+    assert_trained(trainer.train(SCENARIOS, steps=5, progress=False), 5)
+
+
+def test_langchain_create_agent_trains_ten_steps(backend: art.LocalBackend) -> None:
+    from langchain.agents import create_agent
+
+    model = model_for(backend, "create-agent")
+    llm = art.ChatART(model=model, temperature=1.0, max_tokens=8)
+    graph = create_agent(model=llm, tools=[get_weather], system_prompt="Answer with numbers.")
+    trainer = art.Trainer(graph, model, rewards=[varied], num_generations=4, config=CONFIG)
+    history = trainer.train(SCENARIOS, steps=10, progress=False)
+    assert_trained(history, 10)
+    stored = [t for t in backend.store(model).trajectories(status="ok") if t.metadata["training_run"] == trainer.run_id]
+    assert len(stored) == 40
+    assert all(t.turns() and t.turns()[0].token_ids for t in stored)  # captured through create_agent's model node
+    assert {s.name for t in stored for s in t.spans} >= {"model"}
+
+
+def test_langgraph_prebuilt_create_react_agent_trains(backend: art.LocalBackend) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecated in favour of langchain's create_agent, still widely used
+        from langgraph.prebuilt import create_react_agent
+
+        model = model_for(backend, "react-agent")
+        llm = art.ChatART(model=model, temperature=1.0, max_tokens=8)
+        graph = create_react_agent(llm, [get_weather])
+    trainer = art.Trainer(graph, model, rewards=[varied], num_generations=4, config=CONFIG)
+    assert_trained(trainer.train(SCENARIOS, steps=5, progress=False), 5)
+
+
+async def test_atrain_inside_a_running_loop_like_a_notebook(backend: art.LocalBackend) -> None:
+    model = model_for(backend, "notebook-async")
+    llm = art.ChatART(model=model, temperature=1.0, max_tokens=8)
+    trainer = art.Trainer(async_node_graph(llm), model, rewards=[varied], num_generations=4, config=CONFIG)
+    ticks = 0
+
+    async def heartbeat() -> None:  # the notebook's loop stays responsive while a step trains
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.05)
+            ticks += 1
+
+    beating = asyncio.create_task(heartbeat())
+    try:
+        hello = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "1"}]
+        await trainer.awarmup([{"messages": hello}], steps=2)
+        history = await trainer.atrain(SCENARIOS, steps=3, progress=False)
+        history = await trainer.atrain(SCENARIOS, steps=2, progress=False)  # a second cell, same loop
+    finally:
+        beating.cancel()
+    assert_trained(history, 5)
+    assert ticks > 10
+
+
+async def test_sync_train_called_inside_a_running_loop_twice(backend: art.LocalBackend) -> None:
+    model = model_for(backend, "notebook-sync")
+    llm = art.ChatART(model=model, temperature=1.0, max_tokens=8)
+    trainer = art.Trainer(async_node_graph(llm), model, rewards=[varied], num_generations=4, config=CONFIG)
+    trainer.train(SCENARIOS, steps=2, progress=False)
+    history = trainer.train(SCENARIOS, steps=2, progress=False)
+    assert_trained(history, 4)
+    # and the async client still works on this (the notebook's) loop afterwards
+    assert (await llm.ainvoke("hi")).response_metadata["model_name"].startswith("notebook-sync")
+
+
+def test_gather_and_score_repeatedly_from_sync_code_with_an_async_judge_model(server: Any) -> None:
+    """An async client created in one sync call (here the judge's) must still work in the next."""
+    from langchain_core.messages import AIMessage
+
+    from tests.helpers import one_agent_graph
+
+    llm = art.ChatART(base_url=server.base_url, model="tiny", max_tokens=4)
+    loops: set[int] = set()
+
+    @art.reward
+    async def same_loop_every_time() -> float:
+        loops.add(id(asyncio.get_running_loop()))
+        await asyncio.sleep(0)
+        return 1.0
+
+    for _ in range(3):
+        groups = art.gather_groups(one_agent_graph(llm), SCENARIOS, 2, progress=False)
+        report = art.score_groups(groups, [same_loop_every_time])
+        assert report.metrics["reward/total"] == 1.0
+        assert all(isinstance(t.final_state["messages"][-1], AIMessage) for t in groups[0].trajectories)
+    assert loops == {id(private_loop())}
+
+
+def test_run_sync_from_the_private_loop_thread_and_contextvars() -> None:
+    import contextvars
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+
+    async def inner() -> str:
+        return var.get()
+
+    async def outer() -> str:
+        # a sync function called on the private loop's own thread must not deadlock
+        return await asyncio.get_running_loop().run_in_executor(None, lambda: "x") + run_sync(inner())
+
+    var.set("caller")
+    assert run_sync(inner()) == "caller"
+    assert run_sync(outer()) == "xcaller"
+
+
+def test_run_sync_re_raises_and_cancels_on_ctrl_c() -> None:
+    import os
+    import signal
+
+    async def boom() -> None:
+        raise ValueError("from the coroutine")
+
+    with pytest.raises(ValueError, match="from the coroutine"):
+        run_sync(boom())
+
+    cancelled = threading.Event()
+
+    async def forever() -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    def interrupt(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGUSR1))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_sync(forever())
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGUSR1, previous)
+    assert cancelled.wait(5)
