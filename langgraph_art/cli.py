@@ -46,6 +46,12 @@ def serve(
         bool, typer.Option(help="merge the adapter in use into the weights (off: peft's LoRA layers, less memory)")
     ] = True,
     fast_decode: Annotated[bool, typer.Option(help="fused forward for Qwen2/Llama/Mistral (off: transformers)")] = True,
+    max_trainers: Annotated[
+        int, typer.Option(help="live trainers kept in memory (each holds a copy of the model); LRU beyond")
+    ] = 2,
+    adapter_root: Annotated[
+        list[str] | None, typer.Option(help="a folder POST /v1/adapters may load from, besides --home (repeatable)")
+    ] = None,
 ) -> None:
     """Serve a model and its LoRA adapters over an OpenAI-compatible HTTP API."""
     if not is_loopback(host) and not api_key:
@@ -69,11 +75,14 @@ def serve(
         fast_decode=fast_decode,
     )
     typer.echo(f"langgraph-art: serving {engine.base_model!r} on http://{host}:{port}/v1 (loading the model...)")
-    app_ = create_app(engine, api_key=api_key)
+    if max_trainers < 1:
+        typer.echo(f"--max-trainers must be >= 1, got {max_trainers}", err=True)
+        raise typer.Exit(2)
+    app_ = create_app(engine, api_key=api_key, adapter_roots=[home, *(adapter_root or [])])
     if train:
         from langgraph_art.training_api import training_router
 
-        app_.include_router(training_router(engine, home))
+        app_.include_router(training_router(engine, home, max_trainers=max_trainers))
     uvicorn.run(app_, host=host, port=port, log_level="info")
 
 

@@ -3,11 +3,25 @@ concept matches)."""
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from langgraph_art.errors import ConfigError
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+_NAME = re.compile(NAME_PATTERN)
+
+
+def check_name(value: str) -> str:
+    """A policy or project name: it becomes a folder name and the ``name`` of ``name@step``. Raises ValueError."""
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise ValueError(
+            f"{value!r}: use 1-128 letters, digits, '.', '_' or '-', starting with a letter or digit (no '@' or '/'; "
+            "the step is added as name@step)"
+        )
+    return value
 
 
 class GRPOConfig(BaseModel):

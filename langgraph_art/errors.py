@@ -47,3 +47,7 @@ class EngineNotReadyError(LangGraphArtError):
 
 class RewardError(LangGraphArtError):
     """A reward function or judge produced something unusable; the message names it, the value and the run."""
+
+
+class ServiceBusyError(LangGraphArtError):
+    """The service has no free capacity for this request right now (HTTP 429); the message says what to change."""

@@ -8,7 +8,7 @@ before the first one. (Training through the backend arrives with the GRPO traine
 
 from __future__ import annotations
 
-import re
+import os
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -19,10 +19,9 @@ import httpx
 from pydantic import BaseModel, PrivateAttr, field_validator
 
 from langgraph_art.capture.recorder import TurnRecorder
+from langgraph_art.config import check_name
 from langgraph_art.errors import ConfigError
 from langgraph_art.store import TrajectoryStore, default_home
-
-_PLAIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 class Backend(Protocol):
@@ -33,7 +32,7 @@ class Backend(Protocol):
 
 class TrainableModel(BaseModel):
     """A model that learns: ``name`` (served as ``name`` and ``name@step``), ``project`` (where its data lives)
-    and ``base_model`` (``"tiny"``, a hub id or a local folder)."""
+    and ``base_model`` (``"tiny"``, a hub id, or a local folder as a ``str`` or ``Path``)."""
 
     name: str
     project: str
@@ -44,11 +43,12 @@ class TrainableModel(BaseModel):
     @field_validator("name", "project")
     @classmethod
     def _plain(cls, value: str) -> str:
-        if not _PLAIN.match(value):
-            raise ValueError(
-                f"{value!r}: use letters, digits, '.', '_' or '-' (no '@' or '/'; the step is added as name@step)"
-            )
-        return value
+        return check_name(value)
+
+    @field_validator("base_model", mode="before")
+    @classmethod
+    def _path_or_name(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, os.PathLike) else value
 
     def register(self, backend: Backend) -> TrainableModel:
         """Attach to a backend (``LocalBackend()`` or ``RemoteBackend(url)``); the model is servable after this."""
@@ -172,7 +172,9 @@ class LocalBackend:
         with self._lock:
             server = self._servers.get(base_model)
             if server is None:
-                server = EmbeddedServer(base_model, served_name=base_model, **self._engine_kwargs).start()
+                server = EmbeddedServer(
+                    base_model, served_name=base_model, adapter_roots=[self.home], **self._engine_kwargs
+                ).start()
                 self._servers[base_model] = server
             return server
 

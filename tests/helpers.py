@@ -68,14 +68,17 @@ def train_tool_call_adapter(
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from langgraph_art.models.loading import quiet_transformers
     from langgraph_art.serve.chat import render_prompt
     from langgraph_art.serve.protocol import Tool
 
     torch.manual_seed(seed)
-    tok = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModelForCausalLM.from_pretrained(model_path)
+    with quiet_transformers():
+        tok = AutoTokenizer.from_pretrained(model_path)
+        model = AutoModelForCausalLM.from_pretrained(model_path)
     targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=targets))
+    with quiet_transformers():
+        peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=targets))
     tools = [Tool.model_validate(WEATHER_TOOL).model_dump(exclude_none=True)]
     end = tok.convert_tokens_to_ids("<|im_end|>")
     batch = [

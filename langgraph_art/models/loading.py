@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,13 +15,32 @@ TINY_ALIASES: dict[str, dict[str, Any]] = {
 }
 
 
-def resolve_model(model: str) -> str:
+def resolve_model(model: str | os.PathLike[str]) -> str:
     """Map ``"tiny"``/``"tiny-5m"`` to their built folder; return anything else (hub id or folder) unchanged."""
+    model = os.fspath(model)
     if model in TINY_ALIASES:
         from langgraph_art.models.tiny import tiny_model
 
         return str(tiny_model(**TINY_ALIASES[model]))
     return model
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Inside our own loading and saving: no transformers progress bars ("Loading weights", "Writing model shards")
+    and no FutureWarnings from transformers or peft about their own internals. The user's settings come back after:
+    nothing changes process-wide."""
+    from transformers.utils import logging as hf_logging
+
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=FutureWarning, module=r"(transformers|peft)(\.|$)")
+            yield
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
 
 
 def pick_device(device: str | None = None) -> str:
@@ -32,7 +54,8 @@ def pick_device(device: str | None = None) -> str:
 def load_tokenizer(model: str) -> Any:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model(model))
+    with quiet_transformers():
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model(model))
     if tokenizer.chat_template is None:
         raise ValueError(
             f"{model!r} has no chat template; use an instruct/chat model or add a chat_template to its tokenizer"
@@ -53,7 +76,8 @@ def load_causal_lm(model: str, *, device: str | None = None, dtype: Any = None) 
     device = pick_device(device)
     if dtype is None:
         dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    lm: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    with quiet_transformers():
+        lm: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     lm = lm.to(device)
     lm.eval()
     return lm, load_tokenizer(path)

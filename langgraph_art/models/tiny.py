@@ -22,6 +22,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from langgraph_art.models.loading import quiet_transformers
+
 BUILD_VERSION = 1
 NORM_SCALE = 16.0
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -288,7 +290,8 @@ def _build(recipe: dict, folder: Path) -> None:
     model.generation_config.temperature = 1.0
     model.generation_config.top_p = 1.0
     model.generation_config.top_k = 0
-    model.save_pretrained(folder)
+    with quiet_transformers():
+        model.save_pretrained(folder)
 
 
 def _set_tokenizer_class(path: Path) -> None:

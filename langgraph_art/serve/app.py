@@ -12,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -24,7 +26,13 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from langgraph_art.errors import AdapterError, EngineNotReadyError, ModelNotFoundError, RequestError
+from langgraph_art.errors import (
+    AdapterError,
+    EngineNotReadyError,
+    ModelNotFoundError,
+    RequestError,
+    ServiceBusyError,
+)
 from langgraph_art.serve.chat import (
     StreamedText,
     TokenText,
@@ -48,8 +56,14 @@ class PolicyRegistration(BaseModel):
     name: str
 
 
-def create_app(engine: Engine, *, api_key: str | None = None) -> FastAPI:
-    """Build the app. The engine starts loading when the app starts; until it is ready, requests get 503."""
+def create_app(
+    engine: Engine, *, api_key: str | None = None, adapter_roots: Sequence[str | os.PathLike[str]] | None = None
+) -> FastAPI:
+    """Build the app. The engine starts loading when the app starts; until it is ready, requests get 503.
+
+    ``adapter_roots``: ``POST /v1/adapters`` loads only folders under these (``langgraph-art serve`` passes its home
+    and each ``--adapter-root``); ``None`` allows any folder (an app built in your own process)."""
+    roots = None if adapter_roots is None else [Path(root).resolve() for root in adapter_roots]
     state: dict[str, Any] = {"error": None, "token_text": None}
 
     async def load() -> None:
@@ -150,6 +164,13 @@ def create_app(engine: Engine, *, api_key: str | None = None) -> FastAPI:
         ready()
         if body.name == engine.base_model:
             raise RequestError(f"{body.name!r} is the base model's name; choose another adapter name", "name")
+        if roots is not None and not any(Path(body.path).resolve().is_relative_to(root) for root in roots):
+            raise RequestError(
+                f"{body.path!r} is outside the folders this service loads adapters from ({[str(r) for r in roots]}); "
+                "copy the adapter under one of them, or start the service with --adapter-root <folder>",
+                "path",
+                code="path_not_allowed",
+            )
         await engine.load_adapter(body.name, body.path)
         return {"name": body.name, "path": body.path, "loaded": True}
 
@@ -306,7 +327,8 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+        loc = [str(p) for p in first.get("loc", ())]
+        loc = loc[1:] if loc and loc[0] in ("body", "path", "query") else loc
         if first.get("type") == "json_invalid":
             return JSONResponse(
                 error_body(
@@ -338,6 +360,10 @@ def _install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(
             error_body(str(exc), "service_unavailable", None, "loading"), 503, headers={"retry-after": "2"}
         )
+
+    @app.exception_handler(ServiceBusyError)
+    async def busy(_: Request, exc: ServiceBusyError) -> JSONResponse:
+        return JSONResponse(error_body(str(exc), "rate_limit_error", None, "busy"), 429, headers={"retry-after": "5"})
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import threading
 import time
@@ -25,16 +26,18 @@ class EmbeddedServer:
         host: str = "127.0.0.1",
         port: int = 0,
         api_key: str | None = None,
+        adapter_roots: Any = None,
         **engine_kwargs: Any,
     ) -> None:
+        """``adapter_roots``: folders ``POST /v1/adapters`` may load from (None: any; see ``create_app``)."""
         from langgraph_art.serve.app import create_app
 
-        if isinstance(model, str):
+        if isinstance(model, str | os.PathLike):
             from langgraph_art.serve.engines.hf import HFEngine
 
             model = HFEngine(model, **engine_kwargs)
         self.engine = model
-        self.app = create_app(self.engine, api_key=api_key)
+        self.app = create_app(self.engine, api_key=api_key, adapter_roots=adapter_roots)
         self.api_key = api_key
         self._host, self._port = host, port
         self._server: Any = None

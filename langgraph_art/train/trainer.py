@@ -25,7 +25,7 @@ import torch
 
 from langgraph_art.config import GRPOConfig
 from langgraph_art.errors import ConfigError, LangGraphArtError
-from langgraph_art.models.loading import cache_argument, cache_of, load_causal_lm
+from langgraph_art.models.loading import cache_argument, cache_of, load_causal_lm, quiet_transformers
 from langgraph_art.train import checkpoint
 from langgraph_art.train.advantages import group_advantages
 from langgraph_art.train.loss import policy_loss, token_logprobs, token_logprobs_and_entropy
@@ -71,7 +71,8 @@ class GRPOTrainer:
             lora_dropout=self.config.lora_dropout,
             target_modules=self.config.target_modules,
         )
-        self.model = get_peft_model(base, lora)
+        with quiet_transformers():
+            self.model = get_peft_model(base, lora)
         self.device = base.device
         self._keeps_logits = "logits_to_keep" in inspect.signature(base.forward).parameters
         self._cache_kwarg = cache_argument(base)

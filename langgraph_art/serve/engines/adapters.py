@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from langgraph_art.errors import AdapterError, ModelNotFoundError
+from langgraph_art.models.loading import quiet_transformers
 
 _KEY = re.compile(r"^base_model\.model\.(.+)\.lora_([AB])\.weight$")
 # adapter_config.json fields that make an adapter more than W0 + scale * B @ A on linear layers
@@ -154,7 +155,8 @@ class AdapterSet:
         self._restore()  # peft wraps the pristine weights
         try:
             if self._peft is None:
-                self._peft = PeftModel.from_pretrained(self._lm, folder, adapter_name=key, is_trainable=False)
+                with quiet_transformers():
+                    self._peft = PeftModel.from_pretrained(self._lm, folder, adapter_name=key, is_trainable=False)
             else:
                 self._peft.load_adapter(folder, adapter_name=key, is_trainable=False)
         except Exception as exc:

@@ -16,6 +16,7 @@ import asyncio
 import collections
 import json
 import logging
+import os
 import random
 import threading
 import uuid
@@ -86,7 +87,7 @@ class HFEngine:
 
     def __init__(
         self,
-        model: str = "tiny",
+        model: str | os.PathLike[str] = "tiny",
         *,
         served_name: str | None = None,
         device: str | None = None,
@@ -99,8 +100,8 @@ class HFEngine:
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
-        self.model_path = model
-        self.base_model = served_name or model
+        self.model_path = os.fspath(model)
+        self.base_model = served_name or self.model_path
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len or 0
         self._device, self._dtype, self._seed = device, dtype, seed
