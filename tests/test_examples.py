@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", ["chat_with_embedded_service.py", "rewards_and_judge.py"])
+@pytest.mark.parametrize("script", ["chat_with_embedded_service.py", "rewards_and_judge.py", "notebook_async_agent.py"])
 def test_example_runs(script: str, tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
