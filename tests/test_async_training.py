@@ -226,3 +226,21 @@ def test_run_sync_re_raises_and_cancels_on_ctrl_c() -> None:
         timer.cancel()
         signal.signal(signal.SIGUSR1, previous)
     assert cancelled.wait(5)
+
+
+def test_ruler_judge_on_plain_chat_openai_scores_repeatedly_from_sync_code(server: Any) -> None:
+    """langchain-openai caches one async client per base URL; each sync score_groups used to get a new event loop,
+    so the judge's second call failed with 'Event loop is closed'. The tiny model answers no usable verdict: the
+    group is skipped, which needs every call (and retry) to go through."""
+    from langchain_openai import ChatOpenAI
+
+    from tests.helpers import one_agent_graph
+
+    judge_model = ChatOpenAI(base_url=server.base_url, api_key="unused", model="tiny", max_tokens=4, max_retries=0)
+    judge = art.RulerJudge(judge_model, on_error="skip", max_retries=1, cache=False)
+    llm = art.ChatART(base_url=server.base_url, model="tiny", max_tokens=4)
+    groups = art.gather_groups(one_agent_graph(llm), SCENARIOS, 2, progress=False)
+    for round_ in range(1, 4):
+        report = art.score_groups(groups, [judge])
+        assert report.skipped_groups and "no usable verdict" in next(iter(report.skipped_groups.values()))
+        assert judge.usage["calls"] == 2 * round_  # first try + one retry, every round

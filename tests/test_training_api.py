@@ -141,6 +141,8 @@ def test_adapters_load_only_from_allowed_folders(api: tuple[str, Path, Any], too
     shutil.copytree(tool_adapter, inside)
     response = httpx.post(f"{url}/adapters", json={"name": "x@1", "path": str(inside)}, timeout=60)
     assert response.status_code == 200, response.text
+    response = httpx.post(f"{url}/adapters", json={"name": "x@3", "path": f"{home}/a\x00b"}, timeout=60)
+    assert error_of(response)["param"] == "path"  # found by the fuzz test below: it was a 500
     escaping = f"{home}/adapters/../../{tool_adapter.parent.name}"
     assert (
         error_of(httpx.post(f"{url}/adapters", json={"name": "x@2", "path": escaping}, timeout=60))["param"] == "path"

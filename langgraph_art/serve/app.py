@@ -23,7 +23,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from langgraph_art.errors import (
@@ -48,8 +48,15 @@ CALL_ID_HEADER = "x-langgraph-art-call-id"
 
 
 class AdapterLoad(BaseModel):
-    name: str
-    path: str
+    name: str = Field(min_length=1)
+    path: str = Field(min_length=1)
+
+    @field_validator("path")
+    @classmethod
+    def _no_nul(cls, value: str) -> str:
+        if "\x00" in value:  # no file system takes it (os functions raise ValueError)
+            raise ValueError("a folder path cannot contain a NUL character")
+        return value
 
 
 class PolicyRegistration(BaseModel):
