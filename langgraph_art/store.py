@@ -15,6 +15,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from langgraph_art.config import check_name
 from langgraph_art.errors import ConfigError
 from langgraph_art.types import Trajectory, TrajectoryGroup
 
@@ -74,8 +75,10 @@ class TrajectoryStore:
 
     @classmethod
     def for_project(cls, project: str, home: str | os.PathLike[str] | None = None) -> TrajectoryStore:
-        if not project or "/" in project or project.startswith("."):
-            raise ConfigError(f"project names are plain folder names like 'email-agent', got {project!r}")
+        try:
+            check_name(project)
+        except ValueError as exc:
+            raise ConfigError(f"project names are plain folder names like 'email-agent': {exc}") from None
         return cls(Path(home or default_home()) / project / "trajectories.sqlite")
 
     def close(self) -> None:

@@ -16,7 +16,6 @@ import json
 import logging
 import math
 import re
-import weakref
 from pathlib import Path
 from typing import Any, Literal
 
@@ -87,10 +86,9 @@ class RulerJudge:
         self.max_retries, self.on_error = max_retries, on_error
         self.cache_dir = (Path(cache_dir) if cache_dir else default_home() / "judge-cache") if cache else None
         self.max_concurrency = max_concurrency
-        # per event loop (a semaphore is bound to the loop that first used it); weak, so closed loops go away
-        self._limits: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
-            weakref.WeakKeyDictionary()
-        )
+        # per event loop: a semaphore is bound to the loop that first used it (and refers to it, so entries of
+        # closed loops are dropped explicitly in _call)
+        self._limits: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
         self._structured: bool | None = None  # unknown until tried
         self.usage: dict[str, float] = {
             "calls": 0,
@@ -154,7 +152,12 @@ class RulerJudge:
     async def _call(self, messages: list[BaseMessage]) -> Any:
         if self.max_concurrency <= 0:
             return await self._invoke(messages)
-        limit = self._limits.setdefault(asyncio.get_running_loop(), asyncio.Semaphore(self.max_concurrency))
+        loop = asyncio.get_running_loop()
+        if loop not in self._limits:
+            for closed in [other for other in self._limits if other.is_closed()]:
+                del self._limits[closed]
+            self._limits[loop] = asyncio.Semaphore(self.max_concurrency)
+        limit = self._limits[loop]
         async with limit:
             return await self._invoke(messages)
 
