@@ -187,11 +187,9 @@ class Trainer:
 
     def plot(self, path: str | Path | None = None) -> Path | None:
         """Write the reward curve (mean and std per step) as a PNG; needs matplotlib."""
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
+        try:  # a Figure with its own Agg canvas: no pyplot, so the process's matplotlib backend is left alone
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
+            from matplotlib.figure import Figure
         except ImportError:
             log.warning("matplotlib is not installed: no reward curve PNG (pip install matplotlib)")
             return None
@@ -199,7 +197,9 @@ class Trainer:
         xs = list(range(1, len(self.history) + 1))
         mean = [m["reward/mean"] for m in self.history]
         std = [m["reward/std"] for m in self.history]
-        fig, ax = plt.subplots(figsize=(7, 4))
+        fig = Figure(figsize=(7, 4))
+        FigureCanvasAgg(fig)
+        ax = fig.subplots()
         ax.plot(xs, mean, label="mean reward", color="tab:blue", alpha=0.6)
         window = [statistics.fmean(mean[max(0, i - 4) : i + 1]) for i in range(len(mean))]
         ax.plot(xs, window, label="5-step average", color="tab:red", linewidth=2)
@@ -217,7 +217,6 @@ class Trainer:
         ax.legend(loc="lower right")
         target.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(target, dpi=100, bbox_inches="tight")
-        plt.close(fig)
         return target
 
 

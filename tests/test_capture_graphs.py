@@ -299,3 +299,23 @@ def test_handler_never_raises_into_the_graph(tiny_llm, monkeypatch) -> None:
     handler = TrajectoryCallbackHandler()
     app.invoke({"messages": [("user", "hi")]}, {"callbacks": [handler]})
     assert handler.trajectories == [] and handler.errors == 1
+
+
+def test_nodes_langgraph_hides_are_not_spans() -> None:
+    """A task tagged langgraph.constants.TAG_HIDDEN ("langsmith:hidden") is internal: no span of its own."""
+    from langgraph.channels import EphemeralValue, LastValue
+    from langgraph.constants import TAG_HIDDEN
+    from langgraph.pregel import NodeBuilder, Pregel
+
+    visible = NodeBuilder().subscribe_only("a").do(lambda x: x + "!").write_to("b")
+    hidden = NodeBuilder().subscribe_only("b").do(lambda x: x + "?").write_to("c").meta(TAG_HIDDEN)
+    app = Pregel(
+        nodes={"visible": visible, "helper": hidden},
+        channels={"a": EphemeralValue(str), "b": EphemeralValue(str), "c": LastValue(str)},
+        input_channels=["a"],
+        output_channels=["c"],
+    )
+    handler = TrajectoryCallbackHandler()
+    assert app.invoke({"a": "x"}, {"callbacks": [handler]}) == {"c": "x!?"}
+    assert [span.name for span in handler.trajectories[0].spans] == ["visible"]
+    assert handler.errors == 0

@@ -179,3 +179,29 @@ def test_a_function_defined_elsewhere_takes_its_options_too() -> None:
     assert (declared.name, declared.weight) == ("half", 2.0)
     with pytest.raises(ConfigError, match="on_error"):
         art.reward(share, on_error="ignore")  # type: ignore[call-overload]
+
+
+def test_state_rewards_abstain_on_stored_runs_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """Runs read back from the store have no final state (it is Python objects): a reward taking `state` abstains
+    on them (named in a warning) instead of being called with None; `trajectory` rewards still score them."""
+    called: list[Any] = []
+
+    @art.reward
+    def needs_state(state) -> float:
+        called.append(state)
+        return 1.0
+
+    @art.reward
+    def from_trajectory(trajectory) -> float:
+        return 0.5
+
+    g = group("42", "41")
+    stored = TrajectoryGroup.model_validate_json(g.model_dump_json())  # what store.groups() gives back
+    assert all(t.final_state is None for t in stored.trajectories)
+    report = score_groups([stored], [needs_state, from_trajectory])
+    assert called == []
+    assert [t.rewards for t in stored.trajectories] == [{"from_trajectory": 0.5}] * 2
+    assert "needs_state" in caplog.text and "2 run(s) have no final state" in caplog.text
+    assert report.metrics["reward/total"] == 0.5
+    score_groups([g], [needs_state])  # live runs still get their state
+    assert len(called) == 2

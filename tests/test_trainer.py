@@ -295,3 +295,34 @@ def test_a_shared_prompt_runs_once_with_the_full_forwards_logits_and_gradients(
     for a, b in zip(shared_grads, full_grads, strict=True):
         assert torch.allclose(a, b, rtol=1e-3, atol=1e-5)
     assert any(g.abs().sum() > 0 for g in full_grads)
+
+
+def test_creating_a_trainer_leaves_the_callers_rng_alone(tiny_path: Path, tmp_path: Path) -> None:
+    """The LoRA init is seeded by config.seed inside a forked RNG: the process's torch RNG is not reseeded."""
+    torch.manual_seed(1234)
+    expected = torch.rand(3)
+    torch.manual_seed(1234)
+    first = GRPOTrainer(str(tiny_path), CONFIG, checkpoint_dir=tmp_path / "a")
+    assert torch.equal(torch.rand(3), expected)
+    second = GRPOTrainer(str(tiny_path), CONFIG, checkpoint_dir=tmp_path / "b")
+    for (name, a), b in zip(first.model.named_parameters(), second.model.parameters(), strict=True):
+        assert torch.equal(a, b), name  # same seed, same LoRA init, whatever the process did in between
+
+
+def test_plot_leaves_matplotlib_backend_alone(tmp_path: Path) -> None:
+    import types
+
+    import matplotlib
+
+    from langgraph_art.loop import Trainer
+
+    previous = matplotlib.get_backend()
+    matplotlib.use("svg")
+    try:
+        history = [{"reward/mean": 0.1 * i, "reward/std": 0.05} for i in range(6)]
+        model = types.SimpleNamespace(name="m", project="p")
+        target = Trainer.plot(types.SimpleNamespace(history=history, run_dir=tmp_path, model=model))  # type: ignore[arg-type]
+        assert target is not None and target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert matplotlib.get_backend() == "svg"
+    finally:
+        matplotlib.use(previous)

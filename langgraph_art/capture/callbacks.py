@@ -31,7 +31,7 @@ from langgraph_art.types import NodeSpan, Trajectory, Turn
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
-_HIDDEN = "langgraph:hidden"
+_HIDDEN = "langsmith:hidden"  # langgraph.constants.TAG_HIDDEN: nodes LangGraph (or the user) hides from traces
 
 
 def _guarded(method: F) -> F:

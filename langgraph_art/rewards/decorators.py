@@ -5,6 +5,11 @@ scenario dict: input plus reference data), ``metadata`` (the run's metadata), ``
 the node invocation being scored) and ``group`` (a group-level reward: called once per group, returns one value
 per trajectory, as a list in group order or a dict by trajectory id).
 
+``state`` exists only for runs made in this process: the store keeps a run's messages, turns and tool calls, not
+the graph's Python state, so runs read back from it (``store.groups(...)``, re-scoring production runs) have none.
+A reward that takes ``state`` abstains on such runs, with a warning saying how many; score stored runs from
+``trajectory`` (``trajectory.conversations()``, ``trajectory.turns()``) instead.
+
 A reward returns a number, a bool, ``None`` (abstains for this run) or a dict of named sub-scores (its value is
 their mean). NaN, infinity or another type raise ``RewardError`` naming the function, the value and the run.
 """
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -21,6 +27,7 @@ from typing import Any, Literal, overload
 from langgraph_art.errors import ConfigError, RewardError
 from langgraph_art.types import NodeSpan, Trajectory, TrajectoryGroup
 
+log = logging.getLogger(__name__)
 OnError = Literal["raise", "abstain", "zero"]
 INJECTABLE = frozenset({"state", "trajectory", "scenario", "metadata", "span", "group"})
 
@@ -134,7 +141,17 @@ class RewardFunction:
                 return {t.id: self._score(values, where) for t in runs}
             return {t.id: self._score(v, f"{where}, run {t.id}") for t, v in _align(values, runs, where)}
         jobs: list[tuple[str, Any]] = []
+        stateless = [t.id for t in runs if t.final_state is None] if "state" in self.params else []
+        if stateless:
+            log.warning(
+                "reward %r takes `state`, but %d run(s) have no final state (runs read back from the store keep "
+                "messages and turns, not the graph's Python state): they abstain; score them from `trajectory`",
+                self.name,
+                len(stateless),
+            )
         for trajectory in runs:
+            if trajectory.id in stateless:
+                continue
             for key, span in _targets(trajectory, self.node):
                 where = f"reward {self.name!r} on run {trajectory.id}" + (f", node {span.name}" if span else "")
                 jobs.append(

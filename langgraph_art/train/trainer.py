@@ -63,7 +63,6 @@ class GRPOTrainer:
 
         self.config = config or GRPOConfig()
         self.checkpoint_dir = Path(checkpoint_dir)
-        torch.manual_seed(self.config.seed)
         base, self.tokenizer = load_causal_lm(base_model, device=device, dtype=torch.float32)
         lora = LoraConfig(
             r=self.config.lora_r,
@@ -71,7 +70,9 @@ class GRPOTrainer:
             lora_dropout=self.config.lora_dropout,
             target_modules=self.config.target_modules,
         )
-        with quiet_transformers():
+        cuda = [base.device.index or 0] if base.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda), quiet_transformers():  # seeded LoRA init; the caller's RNG untouched
+            torch.manual_seed(self.config.seed)
             self.model = get_peft_model(base, lora)
         self.device = base.device
         self._keeps_logits = "logits_to_keep" in inspect.signature(base.forward).parameters
