@@ -44,6 +44,7 @@ _LAZY = {
     "LocalBackend": "langgraph_art.service",
     "RemoteBackend": "langgraph_art.service",
     "Turn": "langgraph_art.types",
+    "ModelRef": "langgraph_art.types",
     "ToolCallRecord": "langgraph_art.types",
     "NodeSpan": "langgraph_art.types",
     "Trajectory": "langgraph_art.types",
@@ -71,7 +72,7 @@ if TYPE_CHECKING:
     from langgraph_art.serve.engines.hf import HFEngine
     from langgraph_art.service import LocalBackend, RemoteBackend, TrainableModel
     from langgraph_art.store import TrajectoryStore
-    from langgraph_art.types import NodeSpan, ToolCallRecord, Trajectory, TrajectoryGroup, Turn
+    from langgraph_art.types import ModelRef, NodeSpan, ToolCallRecord, Trajectory, TrajectoryGroup, Turn
 
 
 def __getattr__(name: str) -> Any:
@@ -99,6 +100,7 @@ __all__ = [
     "LangGraphArtError",
     "LocalBackend",
     "ModelNotFoundError",
+    "ModelRef",
     "NodeSpan",
     "RemoteBackend",
     "RequestError",

@@ -22,6 +22,7 @@ from langgraph_art.capture.recorder import TurnRecorder
 from langgraph_art.config import check_name
 from langgraph_art.errors import ConfigError
 from langgraph_art.store import TrajectoryStore, default_home
+from langgraph_art.types import ModelRef
 
 
 class Backend(Protocol):
@@ -157,7 +158,7 @@ class LocalBackend:
     def _serve(self, model: TrainableModel, step: int, folder: Path) -> None:
         base_url = self.server(model.base_model).base_url
         response = httpx.post(
-            f"{base_url}/adapters", json={"name": f"{model.name}@{step}", "path": str(folder)}, timeout=120
+            f"{base_url}/adapters", json={"name": str(ModelRef(model.name, step)), "path": str(folder)}, timeout=120
         )
         if response.status_code != 200:
             raise ConfigError(f"the service could not load checkpoint {folder}: {response.text}")
@@ -296,8 +297,9 @@ class RemoteBackend:
 
 def stale_adapters(loaded: Iterable[str], policy: str, keep: int) -> list[str]:
     """The loaded ``policy@step`` adapters beyond the newest ``keep``, oldest first (to unload)."""
-    steps = sorted(int(n.rsplit("@", 1)[1]) for n in loaded if n.startswith(f"{policy}@"))
-    return [f"{policy}@{step}" for step in steps[: max(0, len(steps) - keep)]]
+    refs = sorted((ref for ref in map(ModelRef.parse, loaded) if ref.name == policy and ref.step is not None),
+                  key=lambda ref: ref.step or 0)  # fmt: skip
+    return [str(ref) for ref in refs[: max(0, len(refs) - keep)]]
 
 
 def _register_policy(base_url: str, api_key: str | None, name: str) -> None:

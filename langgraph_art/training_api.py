@@ -32,7 +32,7 @@ from langgraph_art.config import NAME_PATTERN, GRPOConfig, check_name
 from langgraph_art.errors import ConfigError, LangGraphArtError, RequestError, ServiceBusyError
 from langgraph_art.serve.protocol import Tool, ToolCall, error_body
 from langgraph_art.service import stale_adapters
-from langgraph_art.types import TrajectoryGroup
+from langgraph_art.types import ModelRef, TrajectoryGroup
 
 log = logging.getLogger(__name__)
 Name = Annotated[str, Field(json_schema_extra={"pattern": NAME_PATTERN}), AfterValidator(check_name)]
@@ -167,7 +167,7 @@ def training_router(
             raise RequestError(f"{field} {exc}", field) from None
 
     async def serve(policy: str, step: int, folder: Path) -> None:
-        await engine.load_adapter(f"{policy}@{step}", str(folder))
+        await engine.load_adapter(str(ModelRef(policy, step)), str(folder))
         for name in stale_adapters(engine.adapters(), policy, keep_loaded):
             await engine.unload_adapter(name)
 

@@ -1,5 +1,6 @@
 """What a run of a graph leaves behind: ``Turn`` (one LLM call), ``ToolCallRecord``, ``NodeSpan`` (one node
-invocation), ``Trajectory`` (one root run, a tree of spans) and ``TrajectoryGroup`` (runs of one scenario).
+invocation), ``Trajectory`` (one root run, a tree of spans) and ``TrajectoryGroup`` (runs of one scenario); and
+``ModelRef``, the one place that reads and writes ``name@step``.
 
 Plain pydantic models: JSON round-trip with ``model_dump_json()`` / ``model_validate_json()``. Messages are OpenAI
 chat dicts (``{"role": ..., "content": ..., "tool_calls": [...]}``), so they render with any chat template.
@@ -8,9 +9,40 @@ chat dicts (``{"role": ..., "content": ..., "tool_calls": [...]}``), so they ren
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, PrivateAttr
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """What a served model answers to: ``name`` (its latest checkpoint, or the base model before the first one) or
+    ``name@step`` (checkpoint ``step``). ``str(ref)`` prints it; ``ModelRef.parse(text)`` reads it: a text whose part
+    after the last ``@`` is not a step number is a plain name (``"org/model@main"`` has no step)."""
+
+    name: str
+    step: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> ModelRef:
+        name, at, step = text.rpartition("@")
+        if at and name and step.isdigit():
+            return cls(name, int(step))
+        return cls(text)
+
+    @property
+    def latest(self) -> bool:
+        """True for a plain name: it follows the newest checkpoint."""
+        return self.step is None
+
+    def at(self, step: int | None) -> ModelRef:
+        """The same model at checkpoint ``step`` (None: the latest)."""
+        return ModelRef(self.name, step)
+
+    def __str__(self) -> str:
+        return self.name if self.step is None else f"{self.name}@{self.step}"
+
 
 SpanStatus = Literal["running", "ok", "error", "interrupted"]
 TrajectoryStatus = Literal["running", "ok", "failed", "interrupted"]

@@ -76,3 +76,14 @@ def test_turn_recorder_claims_adopts_and_bounds() -> None:
     taken = recorder.take_unclaimed("r1", 0.0, 3.5)
     assert [(t.id, by_metadata) for t, by_metadata in taken] == [("t3", False), ("t4", True)]
     assert recorder.unclaimed() == []
+
+
+def test_model_ref_reads_and_prints_name_at_step() -> None:
+    from langgraph_art.types import ModelRef
+
+    assert ModelRef.parse("agent@12") == ModelRef("agent", 12) and str(ModelRef("agent", 12)) == "agent@12"
+    assert ModelRef.parse("agent") == ModelRef("agent") and ModelRef.parse("agent").latest
+    assert ModelRef.parse("a@b@3") == ModelRef("a@b", 3)
+    for plain in ("org/model@main", "@5", "agent@", "gpt-4.1"):  # no step number after the last '@'
+        assert ModelRef.parse(plain) == ModelRef(plain) and str(ModelRef.parse(plain)) == plain
+    assert str(ModelRef.parse("agent@12").at(None)) == "agent" and str(ModelRef("agent").at(3)) == "agent@3"

@@ -23,6 +23,7 @@ from langgraph_art.capture.http import loop_safe_async_client
 from langgraph_art.capture.messages import to_openai_messages
 from langgraph_art.capture.recorder import ART_LLM_TYPE, TurnRecorder, build_turns, call_id_of, policy_step
 from langgraph_art.errors import ConfigError
+from langgraph_art.types import ModelRef
 
 log = logging.getLogger(__name__)
 ENV_BASE_URL = "LANGGRAPH_ART_BASE_URL"
@@ -104,8 +105,7 @@ class ChatART(ChatOpenAI):
         """A copy pinned to checkpoint ``step`` (``None``: follow the latest again)."""
         if step is not None and (not isinstance(step, int) or step < 0):
             raise ConfigError(f"step must be a non-negative int or None, got {step!r}")
-        base = self.model_name.rsplit("@", 1)[0] if self.policy_step is not None else self.model_name
-        return self.model_copy(update={"model_name": base if step is None else f"{base}@{step}"})
+        return self.model_copy(update={"model_name": str(ModelRef.parse(self.model_name).at(step))})
 
     @property
     def _default_params(self) -> dict[str, Any]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import threading
 import time
 import uuid
@@ -20,11 +19,10 @@ from typing import Any
 from langchain_core.outputs import ChatGeneration, LLMResult
 
 from langgraph_art.capture.messages import to_openai_message
-from langgraph_art.types import Turn
+from langgraph_art.types import ModelRef, Turn
 
 log = logging.getLogger(__name__)
 
-_STEP = re.compile(r"@(\d+)$")
 _PARAM_KEYS = (
     "model",
     "model_name",
@@ -43,8 +41,7 @@ ART_LLM_TYPE = "langgraph-art-chat"
 
 def policy_step(model: str | None) -> int | None:
     """``"agent@12"`` -> 12; a name without a step -> None."""
-    match = _STEP.search(model or "")
-    return int(match.group(1)) if match else None
+    return ModelRef.parse(model).step if model else None
 
 
 def sampling_params(invocation: dict[str, Any]) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field, field_validator
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from langgraph_art.config import check_name
 from langgraph_art.errors import (
     AdapterError,
     EngineNotReadyError,
@@ -42,6 +43,7 @@ from langgraph_art.serve.chat import (
 )
 from langgraph_art.serve.engines.base import Engine, FinishedEvent, GenerationRequest, GenerationResult
 from langgraph_art.serve.protocol import ChatCompletionRequest, error_body
+from langgraph_art.types import ModelRef
 
 log = logging.getLogger(__name__)
 CALL_ID_HEADER = "x-langgraph-art-call-id"
@@ -156,8 +158,12 @@ def create_app(
     @app.post("/v1/policies")
     async def register_policy(body: PolicyRegistration) -> dict[str, Any]:
         ready()
-        if "@" in body.name or body.name == engine.base_model:
-            raise RequestError("a policy name is a plain name like 'agent-001' (no '@', not the base model)", "name")
+        try:
+            check_name(body.name)
+        except ValueError as exc:
+            raise RequestError(f"a policy name is a plain name like 'agent-001': {exc}", "name") from None
+        if body.name == engine.base_model:
+            raise RequestError(f"{body.name!r} is the base model's name; a policy needs its own name", "name")
         policies.add(body.name)
         return {"name": body.name, "serves": resolve_adapter(engine, body.name, policies) or engine.base_model}
 
@@ -222,9 +228,9 @@ def resolve_adapter(engine: Engine, model: str, policies: set[str] | frozenset[s
     loaded = engine.adapters()
     if model in loaded:
         return model
-    steps = [(int(n.rsplit("@", 1)[1]), n) for n in loaded if n.rsplit("@", 1)[0] == model and "@" in n]
+    steps = [ref for ref in map(ModelRef.parse, loaded) if ref.name == model and ref.step is not None]
     if steps:
-        return max(steps)[1]
+        return str(max(steps, key=lambda ref: ref.step or 0))
     if model in policies:
         return None
     raise ModelNotFoundError(

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from langgraph_art.types import NodeSpan, ToolCallRecord, Trajectory, Turn
+from langgraph_art.types import ModelRef, NodeSpan, ToolCallRecord, Trajectory, Turn
 
 TRACER_NAME = "langfuse-sdk"  # the SDK's instrumentation scope: the server reads our spans exactly like its own
 SCORE_SOURCE = "langgraph-art"  # metadata["source"] of the scores we write; imports skip them
@@ -231,10 +231,8 @@ def step_key(record: Mapping[str, Any]) -> str:
 
 def _model_name(turn: Turn) -> str:
     """``name@step``: what was served, with the policy step even when the model name lacks it."""
-    model = turn.model or "unknown"
-    if "@" not in model and turn.policy_step is not None:
-        model = f"{model}@{turn.policy_step}"
-    return model
+    ref = ModelRef.parse(turn.model or "unknown")
+    return str(ref.at(turn.policy_step) if ref.latest and turn.policy_step is not None else ref)
 
 
 def _logprob_sum(logprobs: Sequence[float]) -> float | None:

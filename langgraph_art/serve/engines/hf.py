@@ -43,6 +43,7 @@ from langgraph_art.serve.engines.base import (
 from langgraph_art.serve.engines.fast import FastLM
 from langgraph_art.serve.engines.prefill import build_prefill
 from langgraph_art.serve.engines.steps import FastSteps, HFSteps, Steps
+from langgraph_art.types import ModelRef
 
 log = logging.getLogger(__name__)
 
@@ -225,7 +226,7 @@ class HFEngine:
         config = folder / "adapter_config.json"
         if not config.is_file():
             raise AdapterError(f"{path!r} is not a peft adapter folder (no adapter_config.json in it)")
-        if "@" in name and not name.rsplit("@", 1)[1].isdigit():
+        if "@" in name and ModelRef.parse(name).latest:
             raise AdapterError(f"adapter name {name!r}: the part after '@' must be a step number, like 'agent@12'")
         json.loads(config.read_text())  # a corrupt config fails here with a clear JSONDecodeError
         await self._command(lambda: self._adapters.load(name, str(folder)))
