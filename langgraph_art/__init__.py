@@ -38,11 +38,13 @@ _LAZY = {
     "score_groups": "langgraph_art.rewards.combine",
     "ascore_groups": "langgraph_art.rewards.combine",
     "RewardReport": "langgraph_art.rewards.combine",
-    "TrainableModel": "langgraph_art.service",
+    "TrainableModel": "langgraph_art.model",
     "Trainer": "langgraph_art.loop",
     "GRPOConfig": "langgraph_art.config",
-    "LocalBackend": "langgraph_art.service",
-    "RemoteBackend": "langgraph_art.service",
+    "LocalBackend": "langgraph_art.backends.local",
+    "RemoteBackend": "langgraph_art.backends.remote",
+    "Backend": "langgraph_art.backends.base",
+    "StepResult": "langgraph_art.types",
     "Turn": "langgraph_art.types",
     "ModelRef": "langgraph_art.types",
     "ToolCallRecord": "langgraph_art.types",
@@ -57,12 +59,16 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    from langgraph_art.backends.base import Backend
+    from langgraph_art.backends.local import LocalBackend
+    from langgraph_art.backends.remote import RemoteBackend
     from langgraph_art.capture.callbacks import TrajectoryCallbackHandler
     from langgraph_art.capture.chat_model import ChatART
     from langgraph_art.capture.recorder import TurnRecorder
     from langgraph_art.capture.rollout import RolloutError, agather_groups, arollout, gather_groups, rollout
     from langgraph_art.config import GRPOConfig
     from langgraph_art.loop import Trainer
+    from langgraph_art.model import TrainableModel
     from langgraph_art.models.tiny import tiny_model
     from langgraph_art.rewards.combine import RewardReport, ascore_groups, score_groups
     from langgraph_art.rewards.decorators import RewardFunction, reward
@@ -70,9 +76,8 @@ if TYPE_CHECKING:
     from langgraph_art.serve.app import create_app
     from langgraph_art.serve.embedded import EmbeddedServer, start_embedded_server
     from langgraph_art.serve.engines.hf import HFEngine
-    from langgraph_art.service import LocalBackend, RemoteBackend, TrainableModel
     from langgraph_art.store import TrajectoryStore
-    from langgraph_art.types import ModelRef, NodeSpan, ToolCallRecord, Trajectory, TrajectoryGroup, Turn
+    from langgraph_art.types import ModelRef, NodeSpan, StepResult, ToolCallRecord, Trajectory, TrajectoryGroup, Turn
 
 
 def __getattr__(name: str) -> Any:
@@ -90,6 +95,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "AdapterError",
+    "Backend",
     "ChatART",
     "ConfigError",
     "ContextLengthError",
@@ -109,6 +115,7 @@ __all__ = [
     "RewardReport",
     "RolloutError",
     "RulerJudge",
+    "StepResult",
     "ToolCallRecord",
     "TrainableModel",
     "Trainer",

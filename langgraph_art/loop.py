@@ -22,12 +22,13 @@ from typing import Any
 
 from langchain_core.runnables import Runnable
 
+from langgraph_art.backends.base import Backend
 from langgraph_art.capture.rollout import agather_groups, check_scenarios
 from langgraph_art.config import GRPOConfig
 from langgraph_art.errors import ConfigError
+from langgraph_art.model import TrainableModel
 from langgraph_art.progress import ProgressBar
 from langgraph_art.rewards.combine import ascore_groups
-from langgraph_art.service import LocalBackend, RemoteBackend, TrainableModel
 from langgraph_art.sync import run_sync
 from langgraph_art.train.advantages import group_advantages
 
@@ -53,12 +54,15 @@ class Trainer:
         True requires it, False never; or pass your own ``LangfuseExporter``."""
         if not rewards:
             raise ConfigError("Trainer needs at least one reward: rewards=[my_reward_fn, art.RulerJudge(...)]")
-        if not isinstance(model.backend, LocalBackend | RemoteBackend):
-            raise ConfigError("register the model with art.LocalBackend() or art.RemoteBackend(url) to train it")
+        if not isinstance(model.backend, Backend):
+            raise ConfigError(
+                f"{type(model.backend).__name__} cannot train: register the model with art.LocalBackend() or "
+                "art.RemoteBackend(url), or a backend with every method of langgraph_art.Backend"
+            )
         self.graph, self.model, self.rewards = graph, model, list(rewards)
         self.config = (config or GRPOConfig()).model_copy(update={"num_generations": num_generations})
         self.scenarios_per_step, self.max_concurrency = scenarios_per_step, max_concurrency
-        self.backend: LocalBackend | RemoteBackend = model.backend
+        self.backend: Backend = model.backend
         self.store = self.backend.store(model)
         self.run_id = uuid.uuid4().hex[:12]
         self.history: list[dict[str, float]] = []

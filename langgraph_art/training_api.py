@@ -28,10 +28,10 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from langgraph_art.backends.base import stale_adapters
 from langgraph_art.config import NAME_PATTERN, GRPOConfig, check_name
 from langgraph_art.errors import ConfigError, LangGraphArtError, RequestError, ServiceBusyError
 from langgraph_art.serve.protocol import Tool, ToolCall, error_body
-from langgraph_art.service import stale_adapters
 from langgraph_art.types import ModelRef, TrajectoryGroup
 
 log = logging.getLogger(__name__)

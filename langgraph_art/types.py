@@ -9,7 +9,7 @@ chat dicts (``{"role": ..., "content": ..., "tool_calls": [...]}``), so they ren
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, PrivateAttr
@@ -42,6 +42,18 @@ class ModelRef:
 
     def __str__(self) -> str:
         return self.name if self.step is None else f"{self.name}@{self.step}"
+
+
+@dataclass
+class StepResult:
+    """What one training step did: the checkpoint ``step`` after it, whether the weights changed, its metrics,
+    how many sequences were skipped and why (``reason`` when nothing was trained)."""
+
+    step: int
+    updated: bool
+    metrics: dict[str, float] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+    reason: str | None = None
 
 
 SpanStatus = Literal["running", "ok", "error", "interrupted"]

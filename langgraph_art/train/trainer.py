@@ -17,7 +17,6 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,22 +29,13 @@ from langgraph_art.train import checkpoint
 from langgraph_art.train.advantages import group_advantages
 from langgraph_art.train.loss import policy_loss, token_logprobs, token_logprobs_and_entropy
 from langgraph_art.train.tokenize import TokenizeReport, TrainSequence, build_sequences
-from langgraph_art.types import TrajectoryGroup
+from langgraph_art.types import StepResult, TrajectoryGroup
 
 log = logging.getLogger(__name__)
 
 
 class TrainingAborted(LangGraphArtError):
     """A step produced a non-finite loss or gradient; the weights were not updated and nothing was saved."""
-
-
-@dataclass
-class StepResult:
-    step: int
-    updated: bool
-    metrics: dict[str, float] = field(default_factory=dict)
-    skipped: dict[str, int] = field(default_factory=dict)
-    reason: str | None = None
 
 
 class GRPOTrainer:

@@ -1,0 +1,1 @@
+"""Backends: where a ``TrainableModel`` is served and trained (``base.Backend``, ``local``, ``remote``)."""

@@ -1,0 +1,85 @@
+"""What every backend does, in one protocol: ``Trainer`` and ``TrainableModel`` talk to any object that satisfies it.
+
+``LocalBackend`` (``backends/local.py``) runs the service embedded in this process; ``RemoteBackend``
+(``backends/remote.py``) talks to a ``langgraph-art serve`` elsewhere. A test can pass a fake.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import httpx
+
+from langgraph_art.errors import ConfigError
+from langgraph_art.store import TrajectoryStore
+from langgraph_art.types import ModelRef, StepResult, TrajectoryGroup
+
+if TYPE_CHECKING:
+    from langgraph_art.config import GRPOConfig
+    from langgraph_art.model import TrainableModel
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """Serves a trainable model's current policy, keeps its runs and trains it."""
+
+    home: Path
+
+    def register(self, model: TrainableModel) -> None:
+        """Make ``model`` servable (its latest checkpoint, or the base model before the first)."""
+
+    def chat_model_settings(self, model: TrainableModel) -> dict[str, Any]:
+        """``base_url`` and ``api_key`` for ``ChatART(model=model)``."""
+        ...
+
+    def store(self, model: TrainableModel) -> TrajectoryStore:
+        """Where the model's runs are kept."""
+        ...
+
+    def run_dir(self, model: TrainableModel) -> Path:
+        """Where a training run's metrics and plots go."""
+        ...
+
+    def current_step(self, model: TrainableModel) -> int:
+        """The checkpoint that serves the model now (0 before the first)."""
+        ...
+
+    def trainer(self, model: TrainableModel, config: GRPOConfig | None = None) -> Any:
+        """Get the model's trainer ready (load or resume) with ``config``; before the first rollout."""
+
+    def train_step(
+        self, model: TrainableModel, groups: Sequence[TrajectoryGroup], config: GRPOConfig | None = None
+    ) -> StepResult:
+        """One GRPO step on scored groups; when the weights changed, checkpoint and serve ``name@step``."""
+        ...
+
+    def warmup(
+        self,
+        model: TrainableModel,
+        examples: Sequence[Any],
+        *,
+        steps: int,
+        learning_rate: float | None = None,
+        config: GRPOConfig | None = None,
+    ) -> list[float]:
+        """SFT warm-up of the model's LoRA; the result is saved and served. Returns the loss per step."""
+        ...
+
+
+def stale_adapters(loaded: Iterable[str], policy: str, keep: int) -> list[str]:
+    """The loaded ``policy@step`` adapters beyond the newest ``keep``, oldest first (to unload)."""
+    refs = sorted((ref for ref in map(ModelRef.parse, loaded) if ref.name == policy and ref.step is not None),
+                  key=lambda ref: ref.step or 0)  # fmt: skip
+    return [str(ref) for ref in refs[: max(0, len(refs) - keep)]]
+
+
+def register_policy(base_url: str, api_key: str | None, name: str) -> None:
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx.post(f"{base_url}/policies", json={"name": name}, headers=headers, timeout=30)
+    except httpx.TransportError as exc:
+        raise ConfigError(f"cannot reach the langgraph-art service at {base_url}: {exc}") from exc
+    if response.status_code != 200:
+        raise ConfigError(f"the service at {base_url} refused policy {name!r}: {response.text}")

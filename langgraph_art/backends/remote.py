@@ -1,0 +1,93 @@
+"""``RemoteBackend``: a client of ``langgraph-art serve``. Rollouts (and the store) stay here, so many machines can
+roll out against one service; the GRPO steps and checkpoints happen in the service."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from langgraph_art.backends.base import register_policy
+from langgraph_art.errors import ConfigError
+from langgraph_art.model import TrainableModel
+from langgraph_art.store import TrajectoryStore, default_home
+from langgraph_art.types import StepResult
+
+
+class RemoteBackend:
+    """A client of ``langgraph-art serve`` at ``base_url`` (``http://host:8000/v1``): rollouts run here (many
+    machines can point at one service), training steps run in the service. The store and metrics stay local,
+    under ``home``."""
+
+    def __init__(
+        self, base_url: str, api_key: str | None = None, *, home: str | Path | None = None, timeout: float = 600.0
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.home = Path(home) if home is not None else default_home()
+        self.timeout = timeout
+        self._config: dict[str, dict[str, Any] | None] = {}
+
+    def register(self, model: TrainableModel) -> None:
+        register_policy(self.base_url, self.api_key, model.name)
+
+    def chat_model_settings(self, model: TrainableModel) -> dict[str, Any]:
+        return {"base_url": self.base_url, "api_key": self.api_key or "unused"}
+
+    def store(self, model: TrainableModel) -> TrajectoryStore:
+        return TrajectoryStore.for_project(model.project, self.home)
+
+    def run_dir(self, model: TrainableModel) -> Path:
+        return self.home / model.project / "runs" / model.name
+
+    def trainer(self, model: TrainableModel, config: Any = None) -> None:
+        """Remember the config sent with each step (the service creates the trainer on the first one)."""
+        self._config[model.name] = config.model_dump() if config is not None else None
+
+    def current_step(self, model: TrainableModel) -> int:
+        body = self._call("get", f"/train/{model.name}", params={"project": model.project})
+        return int(body["step"])
+
+    def train_step(self, model: TrainableModel, groups: Any, config: Any = None) -> StepResult:
+        payload = {
+            "project": model.project,
+            "config": self._config.get(model.name),
+            "groups": [g.model_dump(mode="json") for g in groups],
+        }
+        return StepResult(**self._call("post", f"/train/{model.name}/step", json=payload))
+
+    def warmup(
+        self,
+        model: TrainableModel,
+        examples: Any,
+        *,
+        steps: int,
+        learning_rate: float | None = None,
+        config: Any = None,
+    ) -> list[float]:
+        if any(not isinstance(e, dict) for e in examples):
+            raise ConfigError("a remote warm-up takes conversations ({'messages': [...]}), not Trajectory objects")
+        payload = {
+            "project": model.project,
+            "examples": list(examples),
+            "steps": steps,
+            "learning_rate": learning_rate,
+            "config": config.model_dump() if config is not None else None,
+        }
+        return list(self._call("post", f"/train/{model.name}/warmup", json=payload)["losses"])
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        try:
+            response = httpx.request(method, f"{self.base_url}{path}", headers=headers, timeout=self.timeout, **kwargs)
+        except httpx.TransportError as exc:
+            raise ConfigError(f"cannot reach the langgraph-art service at {self.base_url}: {exc}") from exc
+        if response.status_code == 404 and path.startswith("/train"):
+            raise ConfigError(
+                f"the service at {self.base_url} has no training API: start it with "
+                "`langgraph-art serve` (training is on by default)"
+            )
+        if response.status_code != 200:
+            raise ConfigError(f"the service at {self.base_url} answered {response.status_code}: {response.text}")
+        return response.json()

@@ -1,0 +1,58 @@
+"""``TrainableModel``: the user's handle on a model that learns (a name, a project, a base model), registered with a
+backend that serves and trains it (``langgraph_art.backends``)."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, PrivateAttr, field_validator
+
+from langgraph_art.capture.recorder import TurnRecorder
+from langgraph_art.config import check_name
+from langgraph_art.errors import ConfigError
+
+if TYPE_CHECKING:
+    from langgraph_art.backends.base import Backend
+
+
+class TrainableModel(BaseModel):
+    """A model that learns: ``name`` (served as ``name`` and ``name@step``), ``project`` (where its data lives)
+    and ``base_model`` (``"tiny"``, a hub id, or a local folder as a ``str`` or ``Path``)."""
+
+    name: str
+    project: str
+    base_model: str = "tiny"
+    _backend: Backend | None = PrivateAttr(default=None)
+    _recorder: TurnRecorder = PrivateAttr(default_factory=TurnRecorder)
+
+    @field_validator("name", "project")
+    @classmethod
+    def _plain(cls, value: str) -> str:
+        return check_name(value)
+
+    @field_validator("base_model", mode="before")
+    @classmethod
+    def _path_or_name(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, os.PathLike) else value
+
+    def register(self, backend: Backend) -> TrainableModel:
+        """Attach to a backend (``LocalBackend()`` or ``RemoteBackend(url)``); the model is servable after this."""
+        backend.register(self)
+        self._backend = backend
+        return self
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:
+            raise ConfigError(f"model {self.name!r} is not registered: call model.register(art.LocalBackend()) first")
+        return self._backend
+
+    @property
+    def recorder(self) -> TurnRecorder:
+        """Shared by every ChatART of this model, so one handler can adopt all their unseen calls."""
+        return self._recorder
+
+    def chat_model_settings(self) -> dict[str, Any]:
+        """What ``ChatART(model=self)`` needs: base_url, api_key, model name, recorder."""
+        return {**self.backend.chat_model_settings(self), "model": self.name, "recorder": self._recorder}

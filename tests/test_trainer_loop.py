@@ -1,0 +1,98 @@
+"""``Trainer`` against a fake backend: the loop (rollouts -> rewards -> step -> metrics) without a model or a server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage
+from langgraph.graph import START, MessagesState, StateGraph
+
+import langgraph_art as art
+
+
+class FakeBackend:
+    """Every method of ``art.Backend``; trains nothing, counts what it was given."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.step = 0
+        self.received: list[list[art.TrajectoryGroup]] = []
+        self.prepared: list[Any] = []
+
+    def register(self, model: art.TrainableModel) -> None:
+        pass
+
+    def chat_model_settings(self, model: art.TrainableModel) -> dict[str, Any]:
+        return {"base_url": "http://127.0.0.1:9/v1", "api_key": "unused"}
+
+    def store(self, model: art.TrainableModel) -> art.TrajectoryStore:
+        return art.TrajectoryStore.for_project(model.project, self.home)
+
+    def run_dir(self, model: art.TrainableModel) -> Path:
+        return self.home / "runs" / model.name
+
+    def current_step(self, model: art.TrainableModel) -> int:
+        return self.step
+
+    def trainer(self, model: art.TrainableModel, config: Any = None) -> None:
+        self.prepared.append(config)
+
+    def train_step(self, model: art.TrainableModel, groups: Any, config: Any = None) -> art.StepResult:
+        self.received.append(list(groups))
+        self.step += 1
+        return art.StepResult(self.step, True, {"train/loss": 0.25})
+
+    def warmup(self, model: art.TrainableModel, examples: Any, **kwargs: Any) -> list[float]:
+        return [1.0] * kwargs["steps"]
+
+
+def echo_graph() -> Any:
+    async def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [AIMessage(f"seen {len(state['messages'])}")]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", agent)
+    graph.add_edge(START, "agent")
+    return graph.compile()
+
+
+@art.reward
+def by_generation(state: Any, metadata: dict[str, Any]) -> float:
+    assert state["messages"][-1].content == "seen 1"
+    return float(metadata["generation"])
+
+
+def test_train_step_with_a_fake_backend(tmp_path: Path) -> None:
+    backend = FakeBackend(tmp_path)
+    model = art.TrainableModel(name="fake", project="loop").register(backend)
+    trainer = art.Trainer(echo_graph(), model, rewards=[by_generation], num_generations=4, langfuse=False)
+    scenario = {"id": "q1", "input": {"messages": [("user", "hi")]}}
+
+    metrics = trainer.train_step([scenario])
+    assert metrics["step"] == 1 and metrics["policy_step"] == 0 and metrics["train/loss"] == 0.25
+    assert metrics["reward/mean"] == 1.5 and metrics["runs/failed"] == 0
+    (group,) = backend.received[0]
+    assert [t.reward for t in group.trajectories] == [0.0, 1.0, 2.0, 3.0]
+    advantages = [t.metadata["advantage"] for t in group.trajectories]
+    assert advantages == sorted(advantages) and advantages[0] < 0 < advantages[-1]
+    stored = trainer.store.trajectories(step=0)
+    assert sorted(t.reward for t in stored) == [0.0, 1.0, 2.0, 3.0]
+
+    history = trainer.train([scenario], steps=2, progress=False)
+    assert [m["policy_step"] for m in history] == [0, 1, 2]  # each step samples the previous step's checkpoint
+    assert backend.prepared == [trainer.config]
+    lines = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [line["iteration"] for line in lines] == [1, 2, 3] and lines[-1]["model"] == "fake"
+
+
+def test_a_backend_missing_methods_is_refused_with_the_fix(tmp_path: Path) -> None:
+    class Serving:  # can serve, cannot train
+        def register(self, model: Any) -> None:
+            pass
+
+    model = art.TrainableModel(name="fake", project="loop").register(Serving())  # type: ignore[arg-type]
+    with pytest.raises(art.ConfigError, match="Serving cannot train"):
+        art.Trainer(echo_graph(), model, rewards=[by_generation])
