@@ -80,9 +80,11 @@ def serve(
         raise typer.Exit(2)
     app_ = create_app(engine, api_key=api_key, adapter_roots=[home, *(adapter_root or [])])
     if train:
-        from langgraph_art.training_api import training_router
+        from langgraph_art.serve.training import training_router
+        from langgraph_art.train.policies import PolicyRegistry
 
-        app_.include_router(training_router(engine, home, max_trainers=max_trainers))
+        policies = PolicyRegistry(engine.model_path, home, device=device, max_trainers=max_trainers)
+        app_.include_router(training_router(engine, policies))
     uvicorn.run(app_, host=host, port=port, log_level="info")
 
 

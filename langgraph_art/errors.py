@@ -51,3 +51,7 @@ class RewardError(LangGraphArtError):
 
 class ServiceBusyError(LangGraphArtError):
     """The service has no free capacity for this request right now (HTTP 429); the message says what to change."""
+
+
+class TrainingAborted(LangGraphArtError):
+    """A step produced a non-finite loss or gradient; the weights were not updated and nothing was saved."""

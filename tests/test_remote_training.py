@@ -11,7 +11,8 @@ import pytest
 import langgraph_art as art
 from langgraph_art.errors import ConfigError
 from langgraph_art.serve.embedded import EmbeddedServer
-from langgraph_art.training_api import training_router
+from langgraph_art.serve.training import training_router
+from langgraph_art.train.policies import PolicyRegistry
 from tests.helpers import digit_share, one_agent_graph
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -22,7 +23,8 @@ digits = art.reward(digit_share, name="digits")
 
 def test_remote_backend_trains_in_the_service(tiny_path: Path, tmp_path: Path) -> None:
     service = EmbeddedServer(str(tiny_path), served_name="tiny")
-    service.app.include_router(training_router(service.engine, tmp_path / "service"))
+    policies = PolicyRegistry(str(tiny_path), tmp_path / "service")
+    service.app.include_router(training_router(service.engine, policies))
     with service:
         backend = art.RemoteBackend(service.base_url, home=tmp_path / "client")
         model = art.TrainableModel(name="remote", project="p").register(backend)

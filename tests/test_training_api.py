@@ -14,8 +14,9 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from langgraph_art.serve.embedded import EmbeddedServer
+from langgraph_art.serve.training import training_router
+from langgraph_art.train.policies import PolicyRegistry
 from langgraph_art.train.trainer import GRPOTrainer
-from langgraph_art.training_api import training_router
 
 pytestmark = [pytest.mark.integration]
 HELLO = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "1"}]}]
@@ -33,10 +34,10 @@ def api(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[t
     home = tmp_path_factory.mktemp("service") / "home"
     home.mkdir()
     server = EmbeddedServer(str(tiny_path), served_name="tiny", adapter_roots=[home])
-    routes = training_router(server.engine, home, max_trainers=2, trainer_factory=QuickTrainer)
-    server.app.include_router(routes)
+    policies = PolicyRegistry(str(tiny_path), home, max_trainers=2, trainer_factory=QuickTrainer)
+    server.app.include_router(training_router(server.engine, policies))
     with server:
-        yield server.base_url, home, routes.trainers  # type: ignore[attr-defined]
+        yield server.base_url, home, policies
 
 
 def error_of(response: httpx.Response) -> dict[str, Any]:
@@ -111,8 +112,8 @@ def test_a_full_house_of_busy_trainers_answers_429(tiny_path: Path, tmp_path: Pa
             return tmp_path
 
     server = EmbeddedServer(str(tiny_path), served_name="tiny")
-    routes = training_router(server.engine, tmp_path, max_trainers=1, trainer_factory=Slow)
-    server.app.include_router(routes)
+    policies = PolicyRegistry(str(tiny_path), tmp_path, max_trainers=1, trainer_factory=Slow)
+    server.app.include_router(training_router(server.engine, policies))
     server.engine.load_adapter = _noop  # type: ignore[method-assign]
     with server:
         body = {"project": "p", "examples": HELLO, "steps": 1}

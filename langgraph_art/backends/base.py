@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -14,7 +14,7 @@ import httpx
 
 from langgraph_art.errors import ConfigError
 from langgraph_art.store import TrajectoryStore
-from langgraph_art.types import ModelRef, StepResult, TrajectoryGroup
+from langgraph_art.types import StepResult, TrajectoryGroup
 
 if TYPE_CHECKING:
     from langgraph_art.config import GRPOConfig
@@ -66,13 +66,6 @@ class Backend(Protocol):
     ) -> list[float]:
         """SFT warm-up of the model's LoRA; the result is saved and served. Returns the loss per step."""
         ...
-
-
-def stale_adapters(loaded: Iterable[str], policy: str, keep: int) -> list[str]:
-    """The loaded ``policy@step`` adapters beyond the newest ``keep``, oldest first (to unload)."""
-    refs = sorted((ref for ref in map(ModelRef.parse, loaded) if ref.name == policy and ref.step is not None),
-                  key=lambda ref: ref.step or 0)  # fmt: skip
-    return [str(ref) for ref in refs[: max(0, len(refs) - keep)]]
 
 
 def register_policy(base_url: str, api_key: str | None, name: str) -> None:

@@ -1,19 +1,18 @@
 """``LocalBackend``: the embedded service. One in-process inference server per base model (a uvicorn thread on a
-loopback port) and one GRPO trainer per trainable model, whose checkpoints are hot-loaded as ``name@step``."""
+loopback port) and one ``PolicyRegistry`` per base model holding a GRPO trainer per (project, name), whose
+checkpoints are published into the server as ``name@step`` (``serve.publish``)."""
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from langgraph_art.backends.base import register_policy, stale_adapters
-from langgraph_art.errors import ConfigError
+from langgraph_art.backends.base import register_policy
 from langgraph_art.model import TrainableModel
 from langgraph_art.store import TrajectoryStore, default_home
-from langgraph_art.types import ModelRef
+from langgraph_art.types import ModelRef, StepResult
 
 
 class LocalBackend:
@@ -33,10 +32,12 @@ class LocalBackend:
         keep_loaded: int = 4,
         merge_adapters: bool = True,
         fast_decode: bool = True,
+        max_trainers: int | None = None,
     ) -> None:
         self.home = Path(home) if home is not None else default_home()
         self.device = device
         self.keep_loaded = keep_loaded
+        self.max_trainers = max_trainers
         self._engine_kwargs: dict[str, Any] = {
             "device": device,
             "max_batch_size": max_batch_size,
@@ -44,41 +45,37 @@ class LocalBackend:
             "fast_decode": fast_decode,
         }
         self._servers: dict[str, Any] = {}
-        self._trainers: dict[str, Any] = {}
+        self._registries: dict[str, Any] = {}
         self._lock = threading.Lock()
 
+    def policies(self, base_model: str) -> Any:
+        """The ``PolicyRegistry`` of the trainers for models of ``base_model`` (trainers live there, not here)."""
+        from langgraph_art.train.policies import PolicyRegistry
+
+        with self._lock:
+            registry = self._registries.get(base_model)
+            if registry is None:
+                registry = PolicyRegistry(base_model, self.home, device=self.device, max_trainers=self.max_trainers)
+                self._registries[base_model] = registry
+            return registry
+
     def checkpoint_dir(self, model: TrainableModel) -> Path:
-        return self.home / model.project / "checkpoints" / model.name
+        return self.policies(model.base_model).checkpoint_dir(model.project, model.name)
 
     def run_dir(self, model: TrainableModel) -> Path:
         return self.home / model.project / "runs" / model.name
 
-    def trainer(self, model: TrainableModel, config: Any = None) -> Any:
-        """The model's ``GRPOTrainer`` (created on first use; resumes from its latest checkpoint)."""
-        from langgraph_art.train.trainer import GRPOTrainer
-
-        with self._lock:
-            trainer = self._trainers.get(model.name)
-            if trainer is None:
-                trainer = GRPOTrainer(
-                    model.base_model, config, checkpoint_dir=self.checkpoint_dir(model), device=self.device
-                )
-                self._trainers[model.name] = trainer
-            elif config is not None:
-                trainer.update_config(config)
-            return trainer
+    def trainer(self, model: TrainableModel, config: Any = None) -> None:
+        """Load (or resume) the model's trainer, with ``config`` applied."""
+        self.policies(model.base_model).prepare(model.project, model.name, config)
 
     def current_step(self, model: TrainableModel) -> int:
-        from langgraph_art.train import checkpoint
+        return self.policies(model.base_model).current_step(model.project, model.name)
 
-        return checkpoint.latest_step(self.checkpoint_dir(model)) or 0
-
-    def train_step(self, model: TrainableModel, groups: Any, config: Any = None) -> Any:
+    def train_step(self, model: TrainableModel, groups: Sequence[Any], config: Any = None) -> StepResult:
         """One GRPO step; when the weights changed, save checkpoint ``step`` and serve it as ``name@step``."""
-        trainer = self.trainer(model, config)
-        result = trainer.step(groups)
-        if result.updated:
-            folder = trainer.save_checkpoint()
+        result, folder = self.policies(model.base_model).step(model.project, model.name, groups, config)
+        if folder is not None:
             self._serve(model, result.step, folder)
         return result
 
@@ -93,21 +90,18 @@ class LocalBackend:
     ) -> list[float]:
         """SFT warm-up of the model's LoRA; the result is saved and served as the current step (``name@0`` for
         a fresh model)."""
-        trainer = self.trainer(model, config)
-        losses = trainer.sft(examples, steps=steps, learning_rate=learning_rate)
-        self._serve(model, trainer.step_count, trainer.save_checkpoint())
+        registry = self.policies(model.base_model)
+        losses, step, folder = registry.warmup(
+            model.project, model.name, examples, steps=steps, learning_rate=learning_rate, config=config
+        )
+        self._serve(model, step, folder)
         return losses
 
     def _serve(self, model: TrainableModel, step: int, folder: Path) -> None:
-        base_url = self.server(model.base_model).base_url
-        response = httpx.post(
-            f"{base_url}/adapters", json={"name": str(ModelRef(model.name, step)), "path": str(folder)}, timeout=120
-        )
-        if response.status_code != 200:
-            raise ConfigError(f"the service could not load checkpoint {folder}: {response.text}")
-        loaded = [a["name"] for a in httpx.get(f"{base_url}/adapters", timeout=30).json()["data"]]
-        for name in stale_adapters(loaded, model.name, self.keep_loaded):  # older steps stay on disk
-            httpx.delete(f"{base_url}/adapters/{name}", timeout=30)
+        from langgraph_art.serve.publish import publish
+
+        server = self.server(model.base_model)
+        server.run(publish(server.engine, ModelRef(model.name, step), folder, self.keep_loaded))
 
     def server(self, base_model: str) -> Any:
         """The running embedded server for ``base_model`` (started on first use)."""

@@ -7,9 +7,12 @@ import os
 import socket
 import threading
 import time
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from langgraph_art.errors import EngineNotReadyError
+
+T = TypeVar("T")
 
 
 class EmbeddedServer:
@@ -42,6 +45,7 @@ class EmbeddedServer:
         self._host, self._port = host, port
         self._server: Any = None
         self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def base_url(self) -> str:
@@ -59,13 +63,24 @@ class EmbeddedServer:
         config = uvicorn.Config(self.app, log_level="warning", lifespan="on", timeout_keep_alive=30)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
-            target=lambda: asyncio.run(self._server.serve(sockets=[sock])),
+            target=lambda: asyncio.run(self._serve(sock)),
             name="langgraph-art-embedded-server",
             daemon=True,
         )
         self._thread.start()
         self._wait_ready(timeout)
         return self
+
+    async def _serve(self, sock: socket.socket) -> None:
+        self._loop = asyncio.get_running_loop()
+        await self._server.serve(sockets=[sock])
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 600.0) -> T:
+        """Run ``coro`` on the server's own event loop (where the engine is used) and wait for its result."""
+        if self._loop is None or self._thread is None:
+            coro.close()
+            raise EngineNotReadyError("the embedded server is not running: call start() first")
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     def _wait_ready(self, timeout: float) -> None:
         import httpx

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from langgraph_art.config import GRPOConfig
-from langgraph_art.errors import ConfigError, LangGraphArtError
+from langgraph_art.errors import ConfigError, LangGraphArtError, TrainingAborted
 from langgraph_art.models.loading import cache_argument, cache_of, load_causal_lm, quiet_transformers
 from langgraph_art.train import checkpoint
 from langgraph_art.train.advantages import group_advantages
@@ -32,10 +32,6 @@ from langgraph_art.train.tokenize import TokenizeReport, TrainSequence, build_se
 from langgraph_art.types import StepResult, TrajectoryGroup
 
 log = logging.getLogger(__name__)
-
-
-class TrainingAborted(LangGraphArtError):
-    """A step produced a non-finite loss or gradient; the weights were not updated and nothing was saved."""
 
 
 class GRPOTrainer:

@@ -1,0 +1,131 @@
+"""The training routes of ``langgraph-art serve``: rollouts run anywhere, the updates happen next to the engine.
+
+``POST /v1/train/{policy}/step`` takes scored trajectory groups (JSON), runs one GRPO step for that policy,
+saves the checkpoint and loads it into the engine as ``policy@step``; ``POST /v1/train/{policy}/warmup`` runs an
+SFT warm-up; ``GET /v1/train/{policy}?project=P`` tells the current step. The trainers belong to a
+``train.policies.PolicyRegistry`` the caller passes in (this module never imports ``train/``): the same registry
+the local backend uses, so configs, devices and bounds behave the same locally and through the service.
+
+What it refuses (a 4xx naming the field, never a 500): policy and project names that are not plain names (the
+rule of ``TrainableModel``), so no request reaches a folder outside the service's home; unknown ``config`` keys
+and invalid values; malformed groups and examples; 429 when every live trainer is busy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from langgraph_art.config import NAME_PATTERN, GRPOConfig, check_name
+from langgraph_art.errors import ConfigError, LangGraphArtError, RequestError, ServiceBusyError, TrainingAborted
+from langgraph_art.serve.protocol import Tool, ToolCall, error_body
+from langgraph_art.serve.publish import publish
+from langgraph_art.types import ModelRef, TrajectoryGroup
+
+Name = Annotated[str, Field(json_schema_extra={"pattern": NAME_PATTERN}), AfterValidator(check_name)]
+MAX_WARMUP_STEPS = 100_000
+
+
+class SFTMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # like the chat API: OpenAI message dicts may carry more
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = ""
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+
+
+class Conversation(BaseModel):
+    """One warm-up example: a chat (the assistant's messages are learned) and the tools it could call."""
+
+    model_config = ConfigDict(extra="forbid")
+    messages: list[SFTMessage] = Field(min_length=1)
+    tools: list[Tool] | None = None
+
+
+class StepRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    project: Name
+    groups: list[TrajectoryGroup]
+    config: GRPOConfig | None = None
+
+
+class WarmupRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    project: Name
+    examples: list[Conversation] = Field(min_length=1)
+    steps: int = Field(ge=1, le=MAX_WARMUP_STEPS)
+    learning_rate: float | None = Field(default=None, gt=0, lt=1)
+    config: GRPOConfig | None = None
+
+
+def training_router(engine: Any, policies: Any, *, keep_loaded: int = 4) -> APIRouter:
+    """Routes to mount on the inference app: ``app.include_router(training_router(engine, registry))`` with a
+    ``PolicyRegistry`` for the engine's base model."""
+    router = APIRouter()
+
+    def plain(value: str, field: str = "policy") -> str:
+        try:
+            return check_name(value)
+        except ValueError as exc:
+            raise RequestError(f"{field} {exc}", field) from None
+
+    def aborted(exc: TrainingAborted) -> JSONResponse:
+        return JSONResponse(error_body(str(exc), "training_error", None, "aborted"), 422)
+
+    @router.get("/v1/train/{policy}")
+    async def status(policy: str, project: str) -> dict[str, Any]:
+        step = policies.current_step(plain(project, "project"), plain(policy))
+        return {"policy": policy, "project": project, "step": step}
+
+    @router.post("/v1/train/{policy}/step")
+    async def step(policy: str, body: StepRequest) -> Any:
+        try:
+            result, folder = await asyncio.to_thread(
+                policies.step, body.project, plain(policy), body.groups, body.config
+            )
+        except TrainingAborted as exc:
+            return aborted(exc)
+        except ConfigError as exc:  # a config the live trainer cannot take (another LoRA shape)
+            raise RequestError(f"config: {exc}", "config", code="config_conflict") from exc
+        except ValueError as exc:  # input the trainer cannot use (token ids outside the vocabulary, ...)
+            raise RequestError(f"groups: {exc}", "groups") from exc
+        if folder is not None:
+            await publish(engine, ModelRef(policy, result.step), folder, keep_loaded)
+        return {
+            "step": result.step,
+            "updated": result.updated,
+            "metrics": result.metrics,
+            "skipped": result.skipped,
+            "reason": result.reason,
+        }
+
+    @router.post("/v1/train/{policy}/warmup")
+    async def warmup(policy: str, body: WarmupRequest) -> Any:
+        examples = [e.model_dump(exclude_none=True) for e in body.examples]
+        try:
+            losses, step, folder = await asyncio.to_thread(
+                policies.warmup,
+                body.project,
+                plain(policy),
+                examples,
+                steps=body.steps,
+                learning_rate=body.learning_rate,
+                config=body.config,
+            )
+        except TrainingAborted as exc:
+            return aborted(exc)
+        except ConfigError as exc:
+            raise RequestError(f"config: {exc}", "config", code="config_conflict") from exc
+        except ServiceBusyError:
+            raise
+        except (ValueError, LangGraphArtError) as exc:  # nothing to learn, a template that cannot render it
+            raise RequestError(f"examples: {exc}", "examples") from exc
+        await publish(engine, ModelRef(policy, step), folder, keep_loaded)
+        return {"step": step, "losses": losses}
+
+    return router

@@ -1,0 +1,157 @@
+"""``PolicyRegistry``: the one owner of live trainers. ``LocalBackend`` and the service's training routes are thin
+callers of it, so both train the same way.
+
+A policy is identified by ``(project, name)``; its checkpoints live under ``<home>/<project>/checkpoints/<name>``
+(names follow ``config.check_name``, so no policy reaches outside ``home``). The registry creates a policy's
+``GRPOTrainer`` on first use (it resumes from the latest checkpoint) on its ``device``, applies a changed
+``GRPOConfig`` to a live trainer before its next step, and keeps at most ``max_trainers`` trainers in memory (each
+holds a copy of the model): a new one replaces the least recently used idle one, whose state is already in its
+latest checkpoint (written after every update); when all are busy, ``ServiceBusyError``. Thread-safe; one step at a
+time per policy.
+
+Serving a checkpoint is the caller's part: ``step``/``warmup`` return the checkpoint folder to publish as
+``name@step`` (``serve.publish.publish``).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from langgraph_art.config import GRPOConfig, check_name
+from langgraph_art.errors import ConfigError, ServiceBusyError
+from langgraph_art.types import StepResult, TrajectoryGroup
+
+log = logging.getLogger(__name__)
+PolicyKey = tuple[str, str]  # (project, name)
+
+
+@dataclass
+class _Slot:
+    trainer: Any = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    users: int = 0  # callers holding or waiting for this slot: it is not dropped while > 0
+
+
+class PolicyRegistry:
+    """Live trainers by (project, name) under ``home``, for one base model."""
+
+    def __init__(
+        self,
+        base_model: str,
+        home: str | Path,
+        *,
+        device: str | None = None,
+        max_trainers: int | None = None,
+        trainer_factory: Callable[..., Any] | None = None,
+    ) -> None:
+        """``trainer_factory(base_model, config, checkpoint_dir=..., device=...)`` builds a trainer (default
+        ``GRPOTrainer``); ``max_trainers=None`` keeps every trainer."""
+        if max_trainers is not None and max_trainers < 1:
+            raise ConfigError(f"max_trainers must be >= 1 (or None for no limit), got {max_trainers}")
+        self.base_model, self.home, self.device = base_model, Path(home).resolve(), device
+        self.max_trainers, self._factory = max_trainers, trainer_factory
+        self._slots: OrderedDict[PolicyKey, _Slot] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._slots)
+
+    def checkpoint_dir(self, project: str, name: str) -> Path:
+        """Where the policy's checkpoints live; ValueError naming the field for a name that is not plain."""
+        for field_name, value in (("project", project), ("name", name)):
+            try:
+                check_name(value)
+            except ValueError as exc:
+                raise ConfigError(f"{field_name} {exc}") from None
+        folder = (self.home / project / "checkpoints" / name).resolve()
+        if not folder.is_relative_to(self.home):  # a symlink inside home must not lead out either
+            raise ConfigError(f"project {project!r} / policy {name!r} leads outside {self.home}")
+        return folder
+
+    def current_step(self, project: str, name: str) -> int:
+        from langgraph_art.train import checkpoint
+
+        return checkpoint.latest_step(self.checkpoint_dir(project, name)) or 0
+
+    @contextmanager
+    def lease(self, project: str, name: str, config: GRPOConfig | None = None) -> Iterator[Any]:
+        """The policy's trainer, exclusively for the caller, with ``config`` applied (ConfigError if it would
+        change the LoRA's shape)."""
+        folder = self.checkpoint_dir(project, name)
+        key = (project, name)
+        with self._lock:
+            slot = self._slots.get(key)
+            if slot is None:
+                self._make_room(key)
+                slot = self._slots[key] = _Slot()
+            self._slots.move_to_end(key)
+            slot.users += 1
+        try:
+            with slot.lock:
+                if slot.trainer is None:
+                    slot.trainer = self._create(config, folder)
+                elif config is not None:
+                    slot.trainer.update_config(config)
+                yield slot.trainer
+        finally:
+            with self._lock:
+                slot.users -= 1
+                if slot.trainer is None and slot.users == 0:  # creation failed: free the slot
+                    self._slots.pop(key, None)
+
+    def prepare(self, project: str, name: str, config: GRPOConfig | None = None) -> None:
+        """Load (or resume) the policy's trainer now, before the first rollout."""
+        with self.lease(project, name, config):
+            pass
+
+    def step(
+        self, project: str, name: str, groups: Sequence[TrajectoryGroup], config: GRPOConfig | None = None
+    ) -> tuple[StepResult, Path | None]:
+        """One GRPO step; the checkpoint folder to publish when the weights changed (else None)."""
+        with self.lease(project, name, config) as trainer:
+            result = trainer.step(groups)
+            return result, trainer.save_checkpoint() if result.updated else None
+
+    def warmup(
+        self,
+        project: str,
+        name: str,
+        examples: Sequence[Any],
+        *,
+        steps: int,
+        learning_rate: float | None = None,
+        config: GRPOConfig | None = None,
+    ) -> tuple[list[float], int, Path]:
+        """SFT warm-up; the losses, the step it is saved as, and the checkpoint folder to publish."""
+        with self.lease(project, name, config) as trainer:
+            losses = trainer.sft(examples, steps=steps, learning_rate=learning_rate)
+            return losses, trainer.step_count, trainer.save_checkpoint()
+
+    def _create(self, config: GRPOConfig | None, folder: Path) -> Any:
+        factory = self._factory
+        if factory is None:
+            from langgraph_art.train.trainer import GRPOTrainer
+
+            factory = GRPOTrainer
+        return factory(self.base_model, config, checkpoint_dir=folder, device=self.device)
+
+    def _make_room(self, key: PolicyKey) -> None:
+        while self.max_trainers is not None and len(self._slots) >= self.max_trainers:
+            idle = next((k for k, s in self._slots.items() if s.users == 0), None)  # oldest first
+            if idle is None:
+                raise ServiceBusyError(
+                    f"all {self.max_trainers} live trainers are busy with other policies; retry shortly, or start "
+                    "the service with a larger --max-trainers (each trainer holds a copy of the model in memory)"
+                )
+            log.info("dropping the trainer of %s/%s (least recently used) to make room for %s/%s", *idle, *key)
+            del self._slots[idle]
+            gc.collect()
