@@ -113,23 +113,18 @@ def export_langfuse(
     since: Annotated[int | None, typer.Option(help="only runs sampled by this policy step and later")] = None,
 ) -> None:
     """Send to Langfuse every stored run, score and training step it does not have yet (LANGFUSE_* keys)."""
-    import json
     from pathlib import Path
 
     from langgraph_art.errors import ConfigError
     from langgraph_art.integrations.langfuse import LangfuseExporter
+    from langgraph_art.runlog import read_records
     from langgraph_art.store import TrajectoryStore
 
     folder = Path(home) / project
     if not (folder / "trajectories.sqlite").exists():
         typer.echo(f"No store at {folder / 'trajectories.sqlite'}: check --project and --home.", err=True)
         raise typer.Exit(2)
-    records = []
-    for path in sorted(folder.glob("runs/*/metrics.jsonl")):
-        for line in path.read_text().splitlines():
-            record = json.loads(line) if line.strip() else None
-            if record and "run" in record and (since is None or record.get("policy_step", 0) >= since):
-                records.append(record)
+    records = read_records(folder, since_step=since)
     with TrajectoryStore.for_project(project, home) as store:
         try:
             exporter = LangfuseExporter(store)

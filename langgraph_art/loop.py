@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
-import statistics
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -29,8 +27,8 @@ from langgraph_art.errors import ConfigError
 from langgraph_art.model import TrainableModel
 from langgraph_art.progress import ProgressBar
 from langgraph_art.rewards.combine import ascore_groups
+from langgraph_art.runlog import append_record, plot_rewards
 from langgraph_art.sync import run_sync
-from langgraph_art.train.advantages import group_advantages
 
 log = logging.getLogger(__name__)
 
@@ -147,24 +145,24 @@ class Trainer:
         )
         rollout_s = time.perf_counter() - started
         report = await ascore_groups(groups, self.rewards)
-        advantages = group_advantages(groups, self.config.scale_rewards).by_trajectory
-        for group in groups:  # rewards (and the advantage each run will get) are part of the record
-            for t in group.trajectories:
-                if t.id in advantages:
-                    t.metadata["advantage"] = advantages[t.id]
-            await asyncio.to_thread(self.store.add_group, group)
-        result = await asyncio.to_thread(self.backend.train_step, self.model, groups, self.config)
-        rewards = [t.reward for g in groups for t in g.completed() if t.reward is not None]
+        try:
+            result = await asyncio.to_thread(self.backend.train_step, self.model, groups, self.config)
+            for t in (t for g in groups for t in g.trajectories if t.id in result.advantages):
+                t.metadata["advantage"] = result.advantages[t.id]  # what the trainer used, computed once there
+        finally:  # rewards (and advantages) are part of the record, kept even when the step fails
+            for group in groups:
+                await asyncio.to_thread(self.store.add_group, group)
+        scored = dict(report.metrics)
         metrics = {
             "step": float(result.step),
             "policy_step": float(policy_step),
-            "reward/mean": statistics.fmean(rewards) if rewards else float("nan"),
-            "reward/std": statistics.pstdev(rewards) if rewards else float("nan"),
+            "reward/mean": scored.pop("reward/total", float("nan")),  # the mean of the runs' weighted totals
+            "reward/std": scored.pop("reward/total_std", float("nan")),
             "runs/failed": float(sum(len(g.failed) for g in groups)),
             "time/rollout_s": rollout_s,
             "time/step_s": time.perf_counter() - started,
             "train/updated": float(result.updated),
-            **report.metrics,
+            **scored,
             **result.metrics,
         }
         if not result.updated:
@@ -174,8 +172,7 @@ class Trainer:
         return metrics
 
     def _log(self, metrics: dict[str, float], wall: float, policy_step: int) -> None:
-        """Append the step to ``metrics.jsonl`` and hand it to the exporter."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        """Append the step to the run log and hand it to the exporter."""
         record = {
             "run": self.run_id,
             "iteration": len(self.history),  # 1, 2, ... in this run ("step" is the checkpoint, which may not move)
@@ -184,44 +181,14 @@ class Trainer:
             "finished": time.time(),
             **metrics,
         }
-        with (self.run_dir / "metrics.jsonl").open("a") as out:
-            out.write(json.dumps(record) + "\n")
+        append_record(self.run_dir, record)
         if self.exporter is not None:
             self.exporter.submit(step=policy_step, record=record)
 
     def plot(self, path: str | Path | None = None) -> Path | None:
         """Write the reward curve (mean and std per step) as a PNG; needs matplotlib."""
-        try:  # a Figure with its own Agg canvas: no pyplot, so the process's matplotlib backend is left alone
-            from matplotlib.backends.backend_agg import FigureCanvasAgg
-            from matplotlib.figure import Figure
-        except ImportError:
-            log.warning("matplotlib is not installed: no reward curve PNG (pip install matplotlib)")
-            return None
         target = Path(path) if path else self.run_dir / "reward_curve.png"
-        xs = list(range(1, len(self.history) + 1))
-        mean = [m["reward/mean"] for m in self.history]
-        std = [m["reward/std"] for m in self.history]
-        fig = Figure(figsize=(7, 4))
-        FigureCanvasAgg(fig)
-        ax = fig.subplots()
-        ax.plot(xs, mean, label="mean reward", color="tab:blue", alpha=0.6)
-        window = [statistics.fmean(mean[max(0, i - 4) : i + 1]) for i in range(len(mean))]
-        ax.plot(xs, window, label="5-step average", color="tab:red", linewidth=2)
-        ax.fill_between(
-            xs,
-            [m - s for m, s in zip(mean, std, strict=True)],
-            [m + s for m, s in zip(mean, std, strict=True)],
-            alpha=0.2,
-            color="tab:blue",
-        )
-        ax.set_xlabel("training step")
-        ax.set_ylabel("reward")
-        ax.set_title(f"{self.model.name} ({self.model.project})")
-        ax.grid(alpha=0.3)
-        ax.legend(loc="lower right")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(target, dpi=100, bbox_inches="tight")
-        return target
+        return plot_rewards(self.history, target, f"{self.model.name} ({self.model.project})")
 
 
 def _langfuse_exporter(setting: Any, store: Any) -> Any:

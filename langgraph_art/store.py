@@ -103,12 +103,14 @@ class TrajectoryStore:
             self._db.executemany("INSERT OR REPLACE INTO trajectories VALUES (?, ?, ?, ?, ?, ?, ?, ?)", rows)
             self._db.executemany("INSERT OR IGNORE INTO trajectory_nodes VALUES (?, ?)", nodes)
 
-    def add_group(self, group: TrajectoryGroup) -> None:
-        """Insert or update a group and all its trajectories, atomically."""
+    def add_group(self, group: TrajectoryGroup, *, trajectories: bool = True) -> None:
+        """Insert or update a group and (unless ``trajectories=False``: they are stored already) all its
+        trajectories, atomically."""
         meta = group.model_dump(exclude={"trajectories"})
         step = group.metadata.get("policy_step")
-        rows = [self._row(t) for t in group.trajectories]
-        nodes = [(t.id, name) for t in group.trajectories for name in {s.name for s in t.spans}]
+        runs = group.trajectories if trajectories else []
+        rows = [self._row(t) for t in runs]
+        nodes = [(t.id, name) for t in runs for name in {s.name for s in t.spans}]
         with self._lock, self._transaction():
             self._db.execute(
                 "INSERT OR REPLACE INTO groups VALUES (?, ?, ?, ?, ?)",

@@ -47,13 +47,15 @@ class ModelRef:
 @dataclass
 class StepResult:
     """What one training step did: the checkpoint ``step`` after it, whether the weights changed, its metrics,
-    how many sequences were skipped and why (``reason`` when nothing was trained)."""
+    how many sequences were skipped and why (``reason`` when nothing was trained), and the advantage each run got
+    (by trajectory id: computed once, by the trainer, with the config it trained with)."""
 
     step: int
     updated: bool
     metrics: dict[str, float] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)
     reason: str | None = None
+    advantages: dict[str, float] = field(default_factory=dict)
 
 
 SpanStatus = Literal["running", "ok", "error", "interrupted"]

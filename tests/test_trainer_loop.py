@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,9 @@ class FakeBackend:
     def train_step(self, model: art.TrainableModel, groups: Any, config: Any = None) -> art.StepResult:
         self.received.append(list(groups))
         self.step += 1
-        return art.StepResult(self.step, True, {"train/loss": 0.25})
+        runs = [t for g in groups for t in g.completed()]
+        mean = sum(t.reward for t in runs) / len(runs)
+        return art.StepResult(self.step, True, {"train/loss": 0.25}, advantages={t.id: t.reward - mean for t in runs})
 
     def warmup(self, model: art.TrainableModel, examples: Any, **kwargs: Any) -> list[float]:
         return [1.0] * kwargs["steps"]
@@ -69,6 +72,20 @@ def test_train_step_with_a_fake_backend(tmp_path: Path) -> None:
     backend = FakeBackend(tmp_path)
     model = art.TrainableModel(name="fake", project="loop").register(backend)
     trainer = art.Trainer(echo_graph(), model, rewards=[by_generation], num_generations=4, langfuse=False)
+    writes: Counter[str] = Counter()
+    add_trajectories, add_group = trainer.store.add_trajectories, trainer.store.add_group
+
+    def counting_trajectories(trajectories: Any) -> None:
+        trajectories = list(trajectories)
+        writes.update(t.id for t in trajectories)
+        add_trajectories(trajectories)
+
+    def counting_group(group: art.TrajectoryGroup, *, trajectories: bool = True) -> None:
+        if trajectories:
+            writes.update(t.id for t in group.trajectories)
+        add_group(group, trajectories=trajectories)
+
+    trainer.store.add_trajectories, trainer.store.add_group = counting_trajectories, counting_group  # type: ignore[method-assign]
     scenario = {"id": "q1", "input": {"messages": [("user", "hi")]}}
 
     metrics = trainer.train_step([scenario])
@@ -80,6 +97,9 @@ def test_train_step_with_a_fake_backend(tmp_path: Path) -> None:
     assert advantages == sorted(advantages) and advantages[0] < 0 < advantages[-1]
     stored = trainer.store.trajectories(step=0)
     assert sorted(t.reward for t in stored) == [0.0, 1.0, 2.0, 3.0]
+    assert sorted(t.metadata["advantage"] for t in stored) == [-1.5, -0.5, 0.5, 1.5]  # the trainer's, stored
+    assert sorted(writes.values()) == [2, 2, 2, 2]  # when each run finished, and once more with its reward
+    assert "reward/total" not in metrics and metrics["reward/std"] > 0  # reward/mean is the one name for it
 
     history = trainer.train([scenario], steps=2, progress=False)
     assert [m["policy_step"] for m in history] == [0, 1, 2]  # each step samples the previous step's checkpoint
@@ -96,3 +116,13 @@ def test_a_backend_missing_methods_is_refused_with_the_fix(tmp_path: Path) -> No
     model = art.TrainableModel(name="fake", project="loop").register(Serving())  # type: ignore[arg-type]
     with pytest.raises(art.ConfigError, match="Serving cannot train"):
         art.Trainer(echo_graph(), model, rewards=[by_generation])
+
+
+def test_the_run_log_reads_what_it_writes(tmp_path: Path) -> None:
+    from langgraph_art.runlog import append_record, read_records
+
+    for model, step in (("a", 0), ("a", 1), ("b", 2)):
+        append_record(tmp_path / "runs" / model, {"run": "r", "model": model, "policy_step": step, "reward/mean": 1.0})
+    (tmp_path / "runs" / "a" / "metrics.jsonl").open("a").write("\n")  # a blank line is skipped
+    assert [(r["model"], r["policy_step"]) for r in read_records(tmp_path)] == [("a", 0), ("a", 1), ("b", 2)]
+    assert [r["policy_step"] for r in read_records(tmp_path, since_step=1)] == [1, 2]

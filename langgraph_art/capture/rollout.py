@@ -208,9 +208,9 @@ async def agather_groups(
     for index, group in enumerate(groups):
         group.trajectories = list(results[index * num_generations : (index + 1) * num_generations])
         group.metadata["failed"] = len(group.failed)
-    if store is not None:
+    if store is not None:  # each run was stored when it finished: only the groups are new
         for group in groups:
-            await asyncio.to_thread(store.add_group, group)
+            await asyncio.to_thread(store.add_group, group, trajectories=False)
     failed = [t for g in groups for t in g.failed]
     if failed:
         log.warning(

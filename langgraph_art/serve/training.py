@@ -102,6 +102,7 @@ def training_router(engine: Any, policies: Any, *, keep_loaded: int = 4) -> APIR
             "metrics": result.metrics,
             "skipped": result.skipped,
             "reason": result.reason,
+            "advantages": result.advantages,
         }
 
     @router.post("/v1/train/{policy}/warmup")

@@ -104,6 +104,7 @@ class GRPOTrainer:
                 False,
                 skipped=report.skipped,
                 reason="nothing to train on: " + (", ".join(report.skipped) or "no scored groups"),
+                advantages=dict(advantages.by_trajectory),
             )
 
         if not self.model.training:
@@ -171,7 +172,7 @@ class GRPOTrainer:
             "train/truncated_tokens": float(report.truncated_tokens),
         }
         metrics.update({f"train/skipped/{k}": float(v) for k, v in report.skipped.items()})
-        return StepResult(self.step_count, True, metrics, report.skipped)
+        return StepResult(self.step_count, True, metrics, report.skipped, advantages=dict(advantages.by_trajectory))
 
     def sft(
         self,
