@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,10 @@ def test_remote_backend_trains_in_the_service(tiny_path: Path, tmp_path: Path) -
         assert f"remote@{updates}" in served
         assert backend.store(model).count() == 12  # trajectories stay on the client
         assert (trainer.run_dir / "metrics.jsonl").exists()
+        # a warm-up from stored runs works remotely as it does locally (their exact sampled ids travel along)
+        stored = backend.store(model).trajectories(status="ok")
+        losses = trainer.warmup(stored[:4], steps=2)
+        assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
 
 
 def test_a_service_without_training_api_says_so(server: Any, tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from langgraph_art.backends.base import register_policy
 from langgraph_art.errors import ConfigError
 from langgraph_art.model import TrainableModel
 from langgraph_art.store import TrajectoryStore, default_home
-from langgraph_art.types import StepResult
+from langgraph_art.types import StepResult, Trajectory
 
 
 class RemoteBackend:
@@ -66,11 +66,12 @@ class RemoteBackend:
         learning_rate: float | None = None,
         config: Any = None,
     ) -> list[float]:
-        if any(not isinstance(e, dict) for e in examples):
-            raise ConfigError("a remote warm-up takes conversations ({'messages': [...]}), not Trajectory objects")
+        runs = [e.model_dump(mode="json") for e in examples if isinstance(e, Trajectory)]
+        conversations = [e for e in examples if not isinstance(e, Trajectory)]
         payload = {
             "project": model.project,
-            "examples": list(examples),
+            "examples": conversations,
+            "trajectories": runs,
             "steps": steps,
             "learning_rate": learning_rate,
             "config": config.model_dump() if config is not None else None,

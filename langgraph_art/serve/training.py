@@ -24,7 +24,7 @@ from langgraph_art.config import NAME_PATTERN, GRPOConfig, check_name
 from langgraph_art.errors import ConfigError, LangGraphArtError, RequestError, ServiceBusyError, TrainingAborted
 from langgraph_art.serve.protocol import Tool, ToolCall, error_body
 from langgraph_art.serve.publish import publish
-from langgraph_art.types import ModelRef, TrajectoryGroup
+from langgraph_art.types import ModelRef, Trajectory, TrajectoryGroup
 
 Name = Annotated[str, Field(json_schema_extra={"pattern": NAME_PATTERN}), AfterValidator(check_name)]
 MAX_WARMUP_STEPS = 100_000
@@ -55,9 +55,12 @@ class StepRequest(BaseModel):
 
 
 class WarmupRequest(BaseModel):
+    """Conversations and/or stored trajectories (trained on their exact sampled ids), at least one in all."""
+
     model_config = ConfigDict(extra="forbid")
     project: Name
-    examples: list[Conversation] = Field(min_length=1)
+    examples: list[Conversation] = Field(default_factory=list)
+    trajectories: list[Trajectory] = Field(default_factory=list)
     steps: int = Field(ge=1, le=MAX_WARMUP_STEPS)
     learning_rate: float | None = Field(default=None, gt=0, lt=1)
     config: GRPOConfig | None = None
@@ -107,7 +110,10 @@ def training_router(engine: Any, policies: Any, *, keep_loaded: int = 4) -> APIR
 
     @router.post("/v1/train/{policy}/warmup")
     async def warmup(policy: str, body: WarmupRequest) -> Any:
-        examples = [e.model_dump(exclude_none=True) for e in body.examples]
+        examples: list[Any] = [e.model_dump(exclude_none=True) for e in body.examples]
+        examples += body.trajectories
+        if not examples:
+            raise RequestError("examples: give at least one conversation (or trajectories)", "examples")
         try:
             losses, step, folder = await asyncio.to_thread(
                 policies.warmup,
