@@ -24,6 +24,19 @@ def check_name(value: str) -> str:
     return value
 
 
+def served_name(project: str, name: str) -> str:
+    """What a policy is served as: ``project/name`` (then ``project/name@step``), so two projects may each have an
+    ``agent`` on one service without sharing adapters."""
+    return f"{check_name(project)}/{check_name(name)}"
+
+
+def check_served_name(value: str) -> str:
+    """A policy name as registered with a service: ``project/name``, or a plain ``name``. Raises ValueError."""
+    for part in value.split("/", 1) if isinstance(value, str) else [value]:
+        check_name(part)
+    return value
+
+
 class GRPOConfig(BaseModel):
     """Hyper-parameters of the GRPO step and the LoRA it trains."""
 

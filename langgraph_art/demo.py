@@ -155,7 +155,7 @@ def run_demo(
         echo(f"\nmean reward, first 5 steps: {head:.3f}; last 5 steps: {tail:.3f}")
         echo(f"reward curve: {png}\nmetrics: {trainer.run_dir / 'metrics.jsonl'}")
         echo(
-            f"served now as {model.name!r} (= {art.ModelRef(model.name, backend.current_step(model))}); "
+            f"served now as {model.served_name!r} (= {art.ModelRef(model.served_name, backend.current_step(model))}); "
             f"{time.perf_counter() - started:.0f} s in all"
         )
         return {"curve": curve, "png": png, "first": head, "last": tail}

@@ -1,7 +1,7 @@
 """``Trainer``: the training loop a user calls — rollouts -> rewards -> GRPO step -> checkpoint -> hot reload.
 
 Each step gathers ``num_generations`` runs of the next scenarios with the current policy, stores them, scores
-them, trains one LoRA update and serves the new checkpoint as ``name@step``; the next step's runs use it.
+them, trains one LoRA update and serves the new checkpoint as ``project/name@step``; the next step's runs use it.
 Metrics go to ``<home>/<project>/runs/<name>/metrics.jsonl`` (one line per step) and the reward curve to
 ``reward_curve.png`` beside it. With Langfuse configured (``LANGFUSE_*`` variables or ``langfuse=True``), each
 step's runs, rewards and metrics are exported in the background (see ``integrations/langfuse``).

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, PrivateAttr, field_validator
 
 from langgraph_art.capture.recorder import TurnRecorder
-from langgraph_art.config import check_name
+from langgraph_art.config import check_name, served_name
 from langgraph_art.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 
 
 class TrainableModel(BaseModel):
-    """A model that learns: ``name`` (served as ``name`` and ``name@step``), ``project`` (where its data lives)
+    """A model that learns: ``name`` and ``project`` (where its data lives; it is served as ``project/name`` and
+    ``project/name@step``)
     and ``base_model`` (``"tiny"``, a hub id, or a local folder as a ``str`` or ``Path``)."""
 
     name: str
@@ -55,4 +56,9 @@ class TrainableModel(BaseModel):
 
     def chat_model_settings(self) -> dict[str, Any]:
         """What ``ChatART(model=self)`` needs: base_url, api_key, model name, recorder."""
-        return {**self.backend.chat_model_settings(self), "model": self.name, "recorder": self._recorder}
+        return {**self.backend.chat_model_settings(self), "model": self.served_name, "recorder": self._recorder}
+
+    @property
+    def served_name(self) -> str:
+        """``project/name``: what the service answers to for this model (``project/name@step`` for a checkpoint)."""
+        return served_name(self.project, self.name)

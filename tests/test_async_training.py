@@ -151,7 +151,7 @@ async def test_sync_train_called_inside_a_running_loop_twice(backend: art.LocalB
     history = trainer.train(SCENARIOS, steps=2, progress=False)
     assert_trained(history, 4)
     # and the async client still works on this (the notebook's) loop afterwards
-    assert (await llm.ainvoke("hi")).response_metadata["model_name"].startswith("notebook-sync")
+    assert (await llm.ainvoke("hi")).response_metadata["model_name"].startswith("async/notebook-sync@")
 
 
 def test_gather_and_score_repeatedly_from_sync_code_with_an_async_judge_model(server: Any) -> None:

@@ -39,9 +39,11 @@ def test_digits_task_learns_end_to_end(tmp_path: Path) -> None:
         last = int(history[-1]["step"])
         assert last == updates >= 4
         base_url = backend.server("tiny").base_url
-        served = sorted((a["name"] for a in httpx.get(f"{base_url}/adapters").json()["data"]), key=lambda n: int(n[7:]))
-        assert served == [f"digits@{s}" for s in range(last - 3, last + 1)]  # older steps unloaded, still on disk
-        assert art.ChatART(model=model).invoke("hi").response_metadata["model_name"] == f"digits@{last}"
+        served = [a["name"] for a in httpx.get(f"{base_url}/adapters").json()["data"]]
+        served.sort(key=lambda name: art.ModelRef.parse(name).step or 0)
+        expected = [f"learning/digits@{s}" for s in range(last - 3, last + 1)]
+        assert served == expected  # older steps unloaded, still on disk
+        assert art.ChatART(model=model).invoke("hi").response_metadata["model_name"] == f"learning/digits@{last}"
         lines = (trainer.run_dir / "metrics.jsonl").read_text().splitlines()
         assert len(lines) == 60 and json.loads(lines[-1])["step"] == last
         assert (trainer.run_dir / "reward_curve.png").stat().st_size > 1000

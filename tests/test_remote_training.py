@@ -48,7 +48,7 @@ def test_remote_backend_trains_in_the_service(tiny_path: Path, tmp_path: Path) -
         checkpoints = tmp_path / "service" / "p" / "checkpoints" / "remote"
         assert (checkpoints / f"step-{updates:06d}" / "adapter_config.json").exists()
         served = [a["name"] for a in httpx.get(f"{service.base_url}/adapters").json()["data"]]
-        assert f"remote@{updates}" in served
+        assert f"p/remote@{updates}" in served
         assert backend.store(model).count() == 12  # trajectories stay on the client
         assert (trainer.run_dir / "metrics.jsonl").exists()
         # a warm-up from stored runs works remotely as it does locally (their exact sampled ids travel along)

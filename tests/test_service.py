@@ -28,19 +28,19 @@ def test_remote_backend_serves_base_then_latest_checkpoint(server: Any, tool_ada
     llm = art.ChatART(model=model, temperature=0, max_tokens=48)
     assert llm.recorder is model.recorder  # one shared log per trainable model
     before = llm.invoke("hi")
-    assert before.response_metadata["model_name"] == "remote-agent"  # no checkpoint yet: the base model answers
+    assert before.response_metadata["model_name"] == "p/remote-agent"  # no checkpoint yet: the base model answers
 
     httpx.post(
-        f"{server.base_url}/adapters", json={"name": "remote-agent@4", "path": str(tool_adapter)}
+        f"{server.base_url}/adapters", json={"name": "p/remote-agent@4", "path": str(tool_adapter)}
     ).raise_for_status()
     agent = llm.bind_tools([get_weather])
     call = agent.invoke(WEATHER_PROMPTS[0])
-    assert call.tool_calls and call.response_metadata["model_name"] == "remote-agent@4"
+    assert call.tool_calls and call.response_metadata["model_name"] == "p/remote-agent@4"
     pinned = llm.with_step(4)
     assert (
-        pinned.model_name == "remote-agent@4"
+        pinned.model_name == "p/remote-agent@4"
         and pinned.policy_step == 4
-        and pinned.with_step(None).model_name == "remote-agent"
+        and pinned.with_step(None).model_name == "p/remote-agent"
     )
     handler = art.TrajectoryCallbackHandler(recorders=[model.recorder])
     import warnings
@@ -53,7 +53,7 @@ def test_remote_backend_serves_base_then_latest_checkpoint(server: Any, tool_ada
     state = graph.invoke({"messages": [("user", WEATHER_PROMPTS[0])]}, {"callbacks": [handler]})
     assert state["messages"][-1].content == WEATHER_ANSWER
     assert {t.policy_step for t in handler.trajectories[0].turns()} == {4}
-    httpx.delete(f"{server.base_url}/adapters/remote-agent@4").raise_for_status()
+    httpx.delete(f"{server.base_url}/adapters/p/remote-agent@4").raise_for_status()
 
 
 def test_local_backend_starts_an_embedded_service(tiny_path: Path, tmp_path: Path) -> None:
@@ -63,7 +63,7 @@ def test_local_backend_starts_an_embedded_service(tiny_path: Path, tmp_path: Pat
         assert len(reply.response_metadata["logprobs"]["content"]) <= 4
         assert backend.store(model).path == tmp_path / "demo" / "trajectories.sqlite"
         policies = httpx.get(f"{backend.server(str(tiny_path)).base_url}/policies").json()["data"]
-        assert policies == [{"name": "local-agent", "serves": str(tiny_path)}]
+        assert policies == [{"name": "demo/local-agent", "serves": str(tiny_path)}]
 
 
 def test_local_backend_passes_the_engine_options_on(tiny_path: Path, tmp_path: Path) -> None:
@@ -78,3 +78,42 @@ def test_local_backend_passes_the_engine_options_on(tiny_path: Path, tmp_path: P
 def test_unreachable_remote_is_a_clear_error() -> None:
     with pytest.raises(ConfigError, match="cannot reach"):
         art.TrainableModel(name="a", project="p").register(art.RemoteBackend("http://127.0.0.1:9/v1"))
+
+
+HELLO = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "1"}]}]
+
+
+def two_projects_side_by_side(backend: Any, home: Path, base_url: str) -> None:
+    """The same model name in two projects: two trainers, two checkpoint folders, two served adapters."""
+    first = art.TrainableModel(name="agent", project="shop").register(backend)
+    second = art.TrainableModel(name="agent", project="support").register(backend)
+    backend.warmup(first, HELLO, steps=1)
+    backend.warmup(second, HELLO, steps=2, learning_rate=5e-2)
+    served = {a["name"]: a["path"] for a in httpx.get(f"{base_url}/adapters").json()["data"]}
+    assert set(served) >= {"shop/agent@0", "support/agent@0"}
+    assert served["shop/agent@0"] != served["support/agent@0"]
+    assert Path(served["shop/agent@0"]).is_relative_to((home / "shop" / "checkpoints" / "agent").resolve())
+    assert Path(served["support/agent@0"]).is_relative_to((home / "support" / "checkpoints" / "agent").resolve())
+    for model in (first, second):
+        reply = art.ChatART(model=model, max_tokens=2, temperature=0).invoke("hi")
+        assert reply.response_metadata["model_name"] == f"{model.project}/agent@0"
+
+
+def test_two_projects_with_one_model_name_on_one_local_backend(tmp_path: Path) -> None:
+    with art.LocalBackend(home=tmp_path) as backend:
+        two_projects_side_by_side(backend, tmp_path, backend.server("tiny").base_url)
+        assert len(backend.policies("tiny")) == 2
+
+
+def test_two_projects_with_one_model_name_through_the_service(tiny_path: Path, tmp_path: Path) -> None:
+    from langgraph_art.serve.embedded import EmbeddedServer
+    from langgraph_art.serve.training import training_router
+    from langgraph_art.train.policies import PolicyRegistry
+
+    service = EmbeddedServer(str(tiny_path), served_name="tiny", adapter_roots=[tmp_path])
+    policies = PolicyRegistry(str(tiny_path), tmp_path / "service")
+    service.app.include_router(training_router(service.engine, policies))
+    with service:
+        backend = art.RemoteBackend(service.base_url, home=tmp_path / "client")
+        two_projects_side_by_side(backend, tmp_path / "service", service.base_url)
+        assert len(policies) == 2

@@ -52,7 +52,7 @@ class Backend(Protocol):
     def train_step(
         self, model: TrainableModel, groups: Sequence[TrajectoryGroup], config: GRPOConfig | None = None
     ) -> StepResult:
-        """One GRPO step on scored groups; when the weights changed, checkpoint and serve ``name@step``."""
+        """One GRPO step on scored groups; when the weights changed, checkpoint and serve ``project/name@step``."""
         ...
 
     def warmup(

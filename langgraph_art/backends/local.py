@@ -1,6 +1,6 @@
 """``LocalBackend``: the embedded service. One in-process inference server per base model (a uvicorn thread on a
 loopback port) and one ``PolicyRegistry`` per base model holding a GRPO trainer per (project, name), whose
-checkpoints are published into the server as ``name@step`` (``serve.publish``)."""
+checkpoints are published into the server as ``project/name@step`` (``serve.publish``)."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ class LocalBackend:
         from langgraph_art.serve.publish import publish
 
         server = self.server(model.base_model)
-        server.run(publish(server.engine, ModelRef(model.name, step), folder, self.keep_loaded))
+        server.run(publish(server.engine, ModelRef(model.served_name, step), folder, self.keep_loaded))
 
     def server(self, base_model: str) -> Any:
         """The running embedded server for ``base_model`` (started on first use)."""
@@ -117,7 +117,7 @@ class LocalBackend:
             return server
 
     def register(self, model: TrainableModel) -> None:
-        register_policy(self.server(model.base_model).base_url, None, model.name)
+        register_policy(self.server(model.base_model).base_url, None, model.served_name)
         from langgraph_art.train import checkpoint
 
         step = checkpoint.latest_step(self.checkpoint_dir(model))

@@ -27,10 +27,10 @@ class RemoteBackend:
         self.api_key = api_key
         self.home = Path(home) if home is not None else default_home()
         self.timeout = timeout
-        self._config: dict[str, dict[str, Any] | None] = {}
+        self._config: dict[tuple[str, str], dict[str, Any] | None] = {}  # by (project, name)
 
     def register(self, model: TrainableModel) -> None:
-        register_policy(self.base_url, self.api_key, model.name)
+        register_policy(self.base_url, self.api_key, model.served_name)
 
     def chat_model_settings(self, model: TrainableModel) -> dict[str, Any]:
         return {"base_url": self.base_url, "api_key": self.api_key or "unused"}
@@ -43,7 +43,7 @@ class RemoteBackend:
 
     def trainer(self, model: TrainableModel, config: Any = None) -> None:
         """Remember the config sent with each step (the service creates the trainer on the first one)."""
-        self._config[model.name] = config.model_dump() if config is not None else None
+        self._config[(model.project, model.name)] = config.model_dump() if config is not None else None
 
     def current_step(self, model: TrainableModel) -> int:
         body = self._call("get", f"/train/{model.name}", params={"project": model.project})
@@ -52,7 +52,7 @@ class RemoteBackend:
     def train_step(self, model: TrainableModel, groups: Any, config: Any = None) -> StepResult:
         payload = {
             "project": model.project,
-            "config": self._config.get(model.name),
+            "config": self._config.get((model.project, model.name)),
             "groups": [g.model_dump(mode="json") for g in groups],
         }
         return StepResult(**self._call("post", f"/train/{model.name}/step", json=payload))

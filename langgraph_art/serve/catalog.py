@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, Field, field_validator
 
-from langgraph_art.config import check_name
+from langgraph_art.config import check_served_name
 from langgraph_art.errors import RequestError
 from langgraph_art.serve.completions import resolve_adapter
 from langgraph_art.serve.engines.base import Engine
@@ -75,9 +75,11 @@ def catalog_router(engine: Engine, ready: Callable[[], Any], policies: set[str],
     async def register_policy(body: PolicyRegistration) -> dict[str, Any]:
         ready()
         try:
-            check_name(body.name)
+            check_served_name(body.name)
         except ValueError as exc:
-            raise RequestError(f"a policy name is a plain name like 'agent-001': {exc}", "name") from None
+            raise RequestError(
+                f"a policy is 'project/name' or a plain 'name' like 'agent-001': {exc}", "name"
+            ) from None
         if body.name == engine.base_model:
             raise RequestError(f"{body.name!r} is the base model's name; a policy needs its own name", "name")
         policies.add(body.name)

@@ -1,7 +1,7 @@
 """The training routes of ``langgraph-art serve``: rollouts run anywhere, the updates happen next to the engine.
 
 ``POST /v1/train/{policy}/step`` takes scored trajectory groups (JSON), runs one GRPO step for that policy,
-saves the checkpoint and loads it into the engine as ``policy@step``; ``POST /v1/train/{policy}/warmup`` runs an
+saves the checkpoint and loads it into the engine as ``project/policy@step``; ``POST /v1/train/{policy}/warmup`` runs an
 SFT warm-up; ``GET /v1/train/{policy}?project=P`` tells the current step. The trainers belong to a
 ``train.policies.PolicyRegistry`` the caller passes in (this module never imports ``train/``): the same registry
 the local backend uses, so configs, devices and bounds behave the same locally and through the service.
@@ -20,7 +20,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from langgraph_art.config import NAME_PATTERN, GRPOConfig, check_name
+from langgraph_art.config import NAME_PATTERN, GRPOConfig, check_name, served_name
 from langgraph_art.errors import ConfigError, LangGraphArtError, RequestError, ServiceBusyError, TrainingAborted
 from langgraph_art.serve.protocol import Tool, ToolCall, error_body
 from langgraph_art.serve.publish import publish
@@ -98,7 +98,7 @@ def training_router(engine: Any, policies: Any, *, keep_loaded: int = 4) -> APIR
         except ValueError as exc:  # input the trainer cannot use (token ids outside the vocabulary, ...)
             raise RequestError(f"groups: {exc}", "groups") from exc
         if folder is not None:
-            await publish(engine, ModelRef(policy, result.step), folder, keep_loaded)
+            await publish(engine, ModelRef(served_name(body.project, policy), result.step), folder, keep_loaded)
         return {
             "step": result.step,
             "updated": result.updated,
@@ -132,7 +132,7 @@ def training_router(engine: Any, policies: Any, *, keep_loaded: int = 4) -> APIR
             raise
         except (ValueError, LangGraphArtError) as exc:  # nothing to learn, a template that cannot render it
             raise RequestError(f"examples: {exc}", "examples") from exc
-        await publish(engine, ModelRef(policy, step), folder, keep_loaded)
+        await publish(engine, ModelRef(served_name(body.project, policy), step), folder, keep_loaded)
         return {"step": step, "losses": losses}
 
     return router
