@@ -34,6 +34,7 @@ _LAZY = {
     "TrajectoryStore": "langgraph_art.store",
     "reward": "langgraph_art.rewards.decorators",
     "RewardFunction": "langgraph_art.rewards.decorators",
+    "Score": "langgraph_art.rewards.decorators",
     "RulerJudge": "langgraph_art.rewards.judge",
     "score_groups": "langgraph_art.rewards.combine",
     "ascore_groups": "langgraph_art.rewards.combine",
@@ -71,7 +72,7 @@ if TYPE_CHECKING:
     from langgraph_art.model import TrainableModel
     from langgraph_art.models.tiny import tiny_model
     from langgraph_art.rewards.combine import RewardReport, ascore_groups, score_groups
-    from langgraph_art.rewards.decorators import RewardFunction, reward
+    from langgraph_art.rewards.decorators import RewardFunction, Score, reward
     from langgraph_art.rewards.judge import RulerJudge
     from langgraph_art.serve.app import create_app
     from langgraph_art.serve.embedded import EmbeddedServer, start_embedded_server
@@ -115,6 +116,7 @@ __all__ = [
     "RewardReport",
     "RolloutError",
     "RulerJudge",
+    "Score",
     "StepResult",
     "ToolCallRecord",
     "TrainableModel",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -195,8 +196,16 @@ def _langfuse_exporter(setting: Any, store: Any) -> Any:
     """None (off), or the exporter that ``Trainer(langfuse=...)`` asks for."""
     if setting is False:
         return None
-    from langgraph_art.integrations.langfuse import LangfuseExporter, LangfuseSettings
-
+    configured = bool(os.environ.get("LANGFUSE_PUBLIC_KEY") and os.environ.get("LANGFUSE_SECRET_KEY"))
+    if setting is None and not configured:
+        return None  # nothing asked for: the integration need not even be installed
+    try:
+        from langgraph_art.integrations.langfuse import LangfuseExporter, LangfuseSettings
+    except ImportError as exc:
+        if setting is None:
+            log.warning("LANGFUSE_* is set but the Langfuse integration is not installed (%s): no export", exc)
+            return None
+        raise ConfigError(f"langfuse={setting!r} needs the Langfuse integration: {exc}") from exc
     if isinstance(setting, LangfuseExporter):
         return setting
     if setting is not None and setting is not True:

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 
-# A developer's real Langfuse keys would make every Trainer in the suite export there (configuration alone enables
-# it). They are taken out of the environment here; only the contract test (test_langfuse_contract.py) uses them.
-LANGFUSE_VARS = ("LANGFUSE_PUBLIC_KEY", "LANGFUSE_SECRET_KEY", "LANGFUSE_BASE_URL", "LANGFUSE_HOST")
-REAL_LANGFUSE = {name: os.environ.pop(name) for name in LANGFUSE_VARS if name in os.environ}
+from langgraph_art.testing import take_langfuse_keys
+
+take_langfuse_keys()  # a developer's real keys would make every Trainer here export; the contract test gets them
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -62,10 +61,11 @@ def tokenizer(tiny_path: Path):
 
 @pytest.fixture(scope="session")
 def tool_adapter(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A peft LoRA adapter trained (a few seconds of SFT) to answer with a get_weather tool call."""
-    from tests.helpers import train_tool_call_adapter
+    """A peft LoRA adapter trained (a few seconds of SFT, cached per tiny-model build) to answer with a get_weather
+    tool call."""
+    from langgraph_art.testing import tool_call_adapter
 
-    return train_tool_call_adapter(tiny_path, tmp_path_factory.mktemp("adapters") / "weather")
+    return tool_call_adapter(tiny_path)
 
 
 @pytest.fixture(scope="session")

@@ -1,15 +1,19 @@
-"""Langfuse: every rollout as a trace (node spans, LLM generations, tool calls), rewards as scores, and scores
-given in Langfuse back as rewards. Needs ``pip install 'langgraph-art[langfuse]'``.
+"""``langgraph_art.integrations.langfuse``: the documented import path of the Langfuse integration, which is its
+own distribution (``langgraph-art-langfuse``, ``integrations/langfuse/`` in the repository; installed by
+``pip install 'langgraph-art[langfuse]'``). Everything here comes from ``langgraph_art_langfuse``."""
 
-- ``LangfuseExporter(store)``: sends what the store holds and Langfuse lacks (exactly once; retry-safe).
-  ``Trainer(..., langfuse=True)`` (or just the ``LANGFUSE_*`` variables) runs one per training step.
-- ``LangfuseScoreReward("user-feedback")``: a reward read from the scores on each run's trace.
-- ``trace_id(trajectory.id)``: the Langfuse trace id of a run.
-"""
-
-from langgraph_art.integrations.langfuse.connection import LangfuseSettings
-from langgraph_art.integrations.langfuse.exporter import ExportReport, LangfuseExporter
-from langgraph_art.integrations.langfuse.reward import LangfuseScoreReward
-from langgraph_art.integrations.langfuse.traces import trace_id
+try:
+    from langgraph_art_langfuse import (
+        ExportReport,
+        LangfuseExporter,
+        LangfuseScoreReward,
+        LangfuseSettings,
+        trace_id,
+    )
+except ImportError as exc:  # pragma: no cover - depends on what is installed
+    raise ImportError(
+        "the Langfuse integration is a separate package: pip install 'langgraph-art[langfuse]' "
+        "(from a checkout: pip install -e integrations/langfuse)"
+    ) from exc
 
 __all__ = ["ExportReport", "LangfuseExporter", "LangfuseScoreReward", "LangfuseSettings", "trace_id"]

@@ -17,20 +17,22 @@ import pytest
 
 import langgraph_art as art
 from langgraph_art.integrations.langfuse import LangfuseExporter, LangfuseScoreReward, trace_id
-from tests.conftest import REAL_LANGFUSE
 
-KEYS = {
-    "public_key": REAL_LANGFUSE.get("LANGFUSE_PUBLIC_KEY"),
-    "secret_key": REAL_LANGFUSE.get("LANGFUSE_SECRET_KEY"),
-    "base_url": REAL_LANGFUSE.get("LANGFUSE_BASE_URL") or REAL_LANGFUSE.get("LANGFUSE_HOST"),
-}
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(
-        not all(KEYS.values()),
-        reason="set LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY and LANGFUSE_BASE_URL to test against a real Langfuse",
-    ),
-]
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def keys(real_langfuse: dict[str, str]) -> dict[str, str]:
+    found = {
+        "public_key": real_langfuse.get("LANGFUSE_PUBLIC_KEY"),
+        "secret_key": real_langfuse.get("LANGFUSE_SECRET_KEY"),
+        "base_url": real_langfuse.get("LANGFUSE_BASE_URL") or real_langfuse.get("LANGFUSE_HOST"),
+    }
+    if not all(found.values()):
+        pytest.skip(
+            "set LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY and LANGFUSE_BASE_URL to test against a real Langfuse"
+        )
+    return found  # type: ignore[return-value]
 
 
 def one_trajectory() -> art.Trajectory:
@@ -85,11 +87,11 @@ def eventually(fetch: Callable[[], Any], done: Callable[[Any], bool], seconds: f
         time.sleep(3)
 
 
-def test_a_trajectory_and_its_scores_arrive_in_a_real_langfuse(tmp_path: Path) -> None:
+def test_a_trajectory_and_its_scores_arrive_in_a_real_langfuse(tmp_path: Path, keys: dict[str, str]) -> None:
     store = art.TrajectoryStore(tmp_path / "store.sqlite")
     trajectory = one_trajectory()
     store.add_trajectory(trajectory)
-    exporter = LangfuseExporter(store, **KEYS)
+    exporter = LangfuseExporter(store, **keys)
     report = exporter.export()
     assert report.ok and report.traces == 1 and report.spans == 4 and report.scores == 3, report
     api, tid = exporter.settings.api(), trace_id(trajectory.id)
@@ -113,7 +115,7 @@ def test_a_trajectory_and_its_scores_arrive_in_a_real_langfuse(tmp_path: Path) -
     }
 
     api.scores.create(request=[{"traceId": tid, "name": "contract-feedback", "value": 0.25, "dataType": "NUMERIC"}])
-    feedback = LangfuseScoreReward("contract-feedback", **KEYS)
+    feedback = LangfuseScoreReward("contract-feedback", **keys)
     group = art.TrajectoryGroup(id="g", trajectories=[trajectory])
     eventually(lambda: feedback.fetch([tid])[tid], lambda found: bool(found))
     art.score_groups([group], [feedback])

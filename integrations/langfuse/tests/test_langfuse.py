@@ -9,17 +9,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from langfuse_receiver import PUBLIC_KEY, SECRET_KEY, LangfuseReceiver
+from langgraph_art_langfuse.traces import observation_id
 from typer.testing import CliRunner
 
 import langgraph_art as art
 from langgraph_art.cli import app
 from langgraph_art.errors import ConfigError, RewardError
 from langgraph_art.integrations.langfuse import LangfuseExporter, LangfuseScoreReward, trace_id
-from langgraph_art.integrations.langfuse.traces import observation_id
 from langgraph_art.rewards.decorators import Score
+from langgraph_art.testing import WEATHER_PROMPTS, one_agent_graph, tool_loop_graph
 from langgraph_art.train.advantages import group_advantages
-from tests.helpers import WEATHER_PROMPTS, one_agent_graph, tool_loop_graph
-from tests.langfuse_receiver import PUBLIC_KEY, SECRET_KEY, LangfuseReceiver
 
 pytestmark = pytest.mark.integration
 

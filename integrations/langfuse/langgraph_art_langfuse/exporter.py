@@ -20,16 +20,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from langgraph_art.integrations.langfuse.connection import LangfuseSettings
-from langgraph_art.integrations.langfuse.traces import (
+from langgraph_art import Trajectory, TrajectoryStore
+from langgraph_art_langfuse.connection import LangfuseSettings
+from langgraph_art_langfuse.traces import (
     SpanBuilder,
     digest,
     step_key,
     step_scores,
     trajectory_scores,
 )
-from langgraph_art.store import TrajectoryStore
-from langgraph_art.types import Trajectory
 
 log = logging.getLogger(__name__)
 SINK = "langfuse"

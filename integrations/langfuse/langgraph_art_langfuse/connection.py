@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from langgraph_art.errors import ConfigError
+from langgraph_art import ConfigError
 
 DEFAULT_BASE_URL = "https://cloud.langfuse.com"
 

@@ -18,11 +18,9 @@ import statistics
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from langgraph_art.errors import ConfigError, RewardError
-from langgraph_art.integrations.langfuse.connection import LangfuseSettings
-from langgraph_art.integrations.langfuse.traces import SCORE_SOURCE, trace_id
-from langgraph_art.rewards.decorators import Score
-from langgraph_art.types import Trajectory, TrajectoryGroup
+from langgraph_art import ConfigError, RewardError, Score, Trajectory, TrajectoryGroup
+from langgraph_art_langfuse.connection import LangfuseSettings
+from langgraph_art_langfuse.traces import SCORE_SOURCE, trace_id
 
 TraceIdOf = Callable[[Trajectory], str | None]
 
