@@ -4,7 +4,8 @@ Each step gathers ``num_generations`` runs of the next scenarios with the curren
 them, trains one LoRA update and serves the new checkpoint as ``project/name@step``; the next step's runs use it.
 Metrics go to ``<home>/<project>/runs/<name>/metrics.jsonl`` (one line per step) and the reward curve to
 ``reward_curve.png`` beside it. With Langfuse configured (``LANGFUSE_*`` variables or ``langfuse=True``), each
-step's runs, rewards and metrics are exported in the background (see ``integrations/langfuse``).
+step's runs, rewards and metrics are exported in the background (``sinks.py``; the integration is
+``integrations/langfuse``). The run log (``metrics.jsonl``, the reward curve) is ``runlog.py``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import os
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -29,6 +29,7 @@ from langgraph_art.model import TrainableModel
 from langgraph_art.progress import ProgressBar
 from langgraph_art.rewards.combine import ascore_groups
 from langgraph_art.runlog import append_record, plot_rewards
+from langgraph_art.sinks import flush_langfuse, langfuse_exporter
 from langgraph_art.sync import run_sync
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ class Trainer:
         self.store = self.backend.store(model)
         self.run_id = uuid.uuid4().hex[:12]
         self.history: list[dict[str, float]] = []
-        self.exporter = _langfuse_exporter(langfuse, self.store)
+        self.exporter = langfuse_exporter(langfuse, self.store)
 
     @property
     def run_dir(self) -> Path:
@@ -110,21 +111,8 @@ class Trainer:
 
     def flush_exports(self, timeout: float = 30.0) -> None:
         """Wait (bounded) for the background Langfuse export; say what did not arrive and how to send it."""
-        if self.exporter is None:
-            return
-        if not self.exporter.flush(timeout):
-            log.warning("Langfuse export still running after %.0f s; it goes on in the background", timeout)
-        if self.exporter.backlog:
-            log.warning(
-                "Langfuse: %d item(s) not delivered yet (%s). Everything is in the store; send the rest with: "
-                "langgraph-art export langfuse --project %s --home %s",
-                self.exporter.backlog,
-                self.exporter.last.errors[-1] if self.exporter.last.errors else "unknown error",
-                self.model.project,
-                self.backend.home,
-            )
-        else:
-            log.info("Langfuse: %s", self.exporter.total)
+        if self.exporter is not None:
+            flush_langfuse(self.exporter, timeout, project=self.model.project, home=self.backend.home)
 
     def train_step(self, scenarios: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         """One step: rollouts of ``scenarios``, rewards, one GRPO update, checkpoint; returns the step's metrics."""
@@ -190,29 +178,3 @@ class Trainer:
         """Write the reward curve (mean and std per step) as a PNG; needs matplotlib."""
         target = Path(path) if path else self.run_dir / "reward_curve.png"
         return plot_rewards(self.history, target, f"{self.model.name} ({self.model.project})")
-
-
-def _langfuse_exporter(setting: Any, store: Any) -> Any:
-    """None (off), or the exporter that ``Trainer(langfuse=...)`` asks for."""
-    if setting is False:
-        return None
-    configured = bool(os.environ.get("LANGFUSE_PUBLIC_KEY") and os.environ.get("LANGFUSE_SECRET_KEY"))
-    if setting is None and not configured:
-        return None  # nothing asked for: the integration need not even be installed
-    try:
-        from langgraph_art.integrations.langfuse import LangfuseExporter, LangfuseSettings
-    except ImportError as exc:
-        if setting is None:
-            log.warning("LANGFUSE_* is set but the Langfuse integration is not installed (%s): no export", exc)
-            return None
-        raise ConfigError(f"langfuse={setting!r} needs the Langfuse integration: {exc}") from exc
-    if isinstance(setting, LangfuseExporter):
-        return setting
-    if setting is not None and setting is not True:
-        raise ConfigError(f"langfuse= takes True, False, None or a LangfuseExporter, got {setting!r}")
-    if setting is True:
-        return LangfuseExporter(store)
-    if LangfuseSettings.configured() and not LangfuseSettings.sdk_installed():
-        log.warning("LANGFUSE_* is set but the langfuse SDK is not: pip install 'langgraph-art[langfuse]'")
-        return None
-    return LangfuseExporter.from_env(store)

@@ -173,3 +173,16 @@ def test_fuzzing_the_openapi_schema_finds_no_5xx(api: tuple[str, Path, Any]) -> 
 
         call()
     assert failures == []
+
+
+def test_a_changed_config_reaches_the_live_trainer_through_the_service(api: tuple[str, Path, Any]) -> None:
+    url, _, policies = api
+    for lr in (1e-3, 2e-4):
+        config = {"learning_rate": lr, "per_device_train_batch_size": 2}
+        body = {"project": "cfg", "examples": HELLO, "steps": 1, "config": config}
+        assert httpx.post(f"{url}/train/tuned/warmup", json=body, timeout=120).status_code == 200
+        with policies.lease("cfg", "tuned") as trainer:
+            assert trainer.config.learning_rate == lr and trainer.config.per_device_train_batch_size == 2
+    body = {"project": "cfg", "examples": HELLO, "steps": 1, "config": {"lora_r": 4}}
+    error = error_of(httpx.post(f"{url}/train/tuned/warmup", json=body, timeout=120))
+    assert error["param"] == "config" and "lora_r" in error["message"]
