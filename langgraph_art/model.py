@@ -17,9 +17,9 @@ if TYPE_CHECKING:
 
 
 class TrainableModel(BaseModel):
-    """A model that learns: ``name`` and ``project`` (where its data lives; it is served as ``project/name`` and
-    ``project/name@step``)
-    and ``base_model`` (``"tiny"``, a hub id, or a local folder as a ``str`` or ``Path``)."""
+    """A model that learns: ``name``, ``project`` (where its data lives) and ``base_model`` (``"tiny"``, a hub id, or
+    a local folder as a ``str`` or ``Path``). It is served as ``project/name`` (its latest checkpoint) and
+    ``project/name@step``."""
 
     name: str
     project: str
