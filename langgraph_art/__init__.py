@@ -56,6 +56,7 @@ _LAZY = {
     "EmbeddedServer": "langgraph_art.serve.embedded",
     "start_embedded_server": "langgraph_art.serve.embedded",
     "HFEngine": "langgraph_art.serve.engines.hf",
+    "VLLMEngine": "langgraph_art.serve.engines.vllm_engine",
     "create_app": "langgraph_art.serve.app",
 }
 
@@ -77,6 +78,7 @@ if TYPE_CHECKING:
     from langgraph_art.serve.app import create_app
     from langgraph_art.serve.embedded import EmbeddedServer, start_embedded_server
     from langgraph_art.serve.engines.hf import HFEngine
+    from langgraph_art.serve.engines.vllm_engine import VLLMEngine
     from langgraph_art.store import TrajectoryStore
     from langgraph_art.types import ModelRef, NodeSpan, StepResult, ToolCallRecord, Trajectory, TrajectoryGroup, Turn
 
@@ -127,6 +129,7 @@ __all__ = [
     "TrajectoryStore",
     "Turn",
     "TurnRecorder",
+    "VLLMEngine",
     "__version__",
     "agather_groups",
     "arollout",

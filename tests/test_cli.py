@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from langgraph_art.cli import app, is_loopback
+from tests.test_engine_conformance import ENGINES
 
 
 def test_loopback_detection() -> None:
@@ -26,9 +27,21 @@ def test_serve_refuses_public_bind_without_key() -> None:
     assert "--api-key" in result.output and "127.0.0.1" in result.output
 
 
+def test_serve_refuses_the_other_engines_options() -> None:
+    result = CliRunner().invoke(app, ["serve", "--engine", "vllm", "--no-merge-adapters"])
+    assert result.exit_code == 2 and "['merge_adapters'] belong to engine='hf'" in result.output
+    result = CliRunner().invoke(app, ["serve", "--max-loras", "2"])
+    assert result.exit_code == 2 and "['max_loras'] belong to engine='vllm'" in result.output
+
+
 @pytest.mark.slow
 @pytest.mark.integration
-def test_serve_subprocess_answers_then_stops(tiny_path) -> None:
+@pytest.mark.parametrize("engine", ENGINES)
+def test_serve_subprocess_answers_then_stops(tiny_path, engine: str) -> None:
+    if engine == "vllm":
+        from langgraph_art.models.loading import resolve_model
+
+        tiny_path = resolve_model("tiny-128")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -45,6 +58,8 @@ def test_serve_subprocess_answers_then_stops(tiny_path) -> None:
             "tiny",
             "--port",
             str(port),
+            "--engine",
+            engine,
         ],
         env=env,
         stdout=subprocess.PIPE,
@@ -52,7 +67,7 @@ def test_serve_subprocess_answers_then_stops(tiny_path) -> None:
         text=True,
     )
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             try:
                 if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:

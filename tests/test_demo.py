@@ -7,14 +7,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_engine_conformance import ENGINES
+
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
-def test_demo_runs_warmup_then_grpo_and_writes_the_curve(tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ENGINES)
+def test_demo_runs_warmup_then_grpo_and_writes_the_curve(tmp_path: Path, engine: str) -> None:
     from langgraph_art.demo import called_lookup, run_demo, scenarios, warmup_conversations
 
     lines: list[str] = []
-    result = run_demo(steps=3, warmup_steps=20, home=tmp_path, echo=lines.append)
+    result = run_demo(steps=3, warmup_steps=20, home=tmp_path, engine=engine, echo=lines.append)
     assert len(result["curve"]) == 3 and result["png"].stat().st_size > 1000
     assert any(line.startswith("warm-up: 20 SFT steps") for line in lines)
     assert (result["png"].parent / "metrics.jsonl").read_text().count("\n") == 3

@@ -19,7 +19,8 @@ def test_light_submodules_stay_light() -> None:
     code = (
         "import json, sys; import langgraph_art.errors, langgraph_art.serve.engines.base, "
         "langgraph_art.serve.protocol, langgraph_art.cli, langgraph_art.models.loading, "
-        "langgraph_art.integrations.langfuse; "
+        "langgraph_art.integrations.langfuse, langgraph_art.serve.engines.vllm_engine, "
+        "langgraph_art.serve.engines.choose; "
         f"print(json.dumps([m for m in {list(HEAVY)!r} if m in sys.modules]))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

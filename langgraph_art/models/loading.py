@@ -12,6 +12,7 @@ from typing import Any
 TINY_ALIASES: dict[str, dict[str, Any]] = {
     "tiny": {},
     "tiny-5m": {"hidden_size": 256, "num_layers": 6},
+    "tiny-128": {"hidden_size": 128},  # head_dim 32: the smallest vLLM's CPU attention runs
 }
 
 
@@ -107,4 +108,18 @@ def eos_token_ids(lm: Any, tokenizer: Any) -> set[int]:
         ids.update(int(i) for i in configured)
     if tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
+    return ids
+
+
+def configured_eos_ids(path: str) -> set[int]:
+    """The EOS ids in a model folder's ``generation_config.json`` and ``config.json`` (without loading weights)."""
+    import json
+
+    ids: set[int] = set()
+    for name in ("generation_config.json", "config.json"):
+        file = Path(path) / name
+        if not file.is_file():
+            continue
+        value = json.loads(file.read_text()).get("eos_token_id")
+        ids.update([value] if isinstance(value, int) else [int(v) for v in value or []])
     return ids

@@ -30,15 +30,18 @@ class EmbeddedServer:
         port: int = 0,
         api_key: str | None = None,
         adapter_roots: Any = None,
+        engine: str = "hf",
         **engine_kwargs: Any,
     ) -> None:
-        """``adapter_roots``: folders ``POST /v1/adapters`` may load from (None: any; see ``create_app``)."""
+        """``model``: a model (name, folder, hub id) for a new ``engine`` (``"hf"`` or ``"vllm"``, built with
+        ``engine_kwargs``), or an engine object. ``adapter_roots``: folders ``POST /v1/adapters`` may load from
+        (None: any; see ``create_app``)."""
         from langgraph_art.serve.app import create_app
 
         if isinstance(model, str | os.PathLike):
-            from langgraph_art.serve.engines.hf import HFEngine
+            from langgraph_art.serve.engines.choose import build_engine
 
-            model = HFEngine(model, **engine_kwargs)
+            model = build_engine(engine, model, **engine_kwargs)
         self.engine = model
         self.app = create_app(self.engine, api_key=api_key, adapter_roots=adapter_roots)
         self.api_key = api_key

@@ -3,7 +3,8 @@ backend and the service's training routes alike."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,3 +24,31 @@ def stale_adapters(loaded: Iterable[str], policy: str, keep: int) -> list[str]:
     refs = sorted((ref for ref in map(ModelRef.parse, loaded) if ref.name == policy and ref.step is not None),
                   key=lambda ref: ref.step or 0)  # fmt: skip
     return [str(ref) for ref in refs[: max(0, len(refs) - keep)]]
+
+
+@contextlib.contextmanager
+def trainer_turn(engine: Any, run: Callable[[Coroutine[Any, Any, Any]], Any]) -> Iterator[None]:
+    """Hand the accelerator to the trainer for the block: an engine that can sleep (vLLM in sleep mode, sharing a
+    GPU with the trainer) sleeps and wakes after, even when the step fails; any other engine is left alone.
+    ``run`` runs a coroutine on the engine's event loop (``EmbeddedServer.run``)."""
+    if not getattr(engine, "can_sleep", False):
+        yield
+        return
+    run(engine.sleep())
+    try:
+        yield
+    finally:
+        run(engine.wake_up())
+
+
+@contextlib.asynccontextmanager
+async def trainer_turn_async(engine: Any) -> Any:
+    """``trainer_turn`` from code already on the engine's event loop (the training routes)."""
+    if not getattr(engine, "can_sleep", False):
+        yield
+        return
+    await engine.sleep()
+    try:
+        yield
+    finally:
+        await engine.wake_up()

@@ -23,7 +23,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from langgraph_art.config import NAME_PATTERN, GRPOConfig, check_name, served_name
 from langgraph_art.errors import ConfigError, LangGraphArtError, RequestError, ServiceBusyError, TrainingAborted
 from langgraph_art.serve.protocol import Tool, ToolCall, error_body
-from langgraph_art.serve.publish import publish
+from langgraph_art.serve.publish import publish, trainer_turn_async
 from langgraph_art.types import ModelRef, Trajectory, TrajectoryGroup
 
 Name = Annotated[str, Field(json_schema_extra={"pattern": NAME_PATTERN}), AfterValidator(check_name)]
@@ -88,9 +88,10 @@ def training_router(engine: Any, policies: Any, *, keep_loaded: int = 4) -> APIR
     @router.post("/v1/train/{policy}/step")
     async def step(policy: str, body: StepRequest) -> Any:
         try:
-            result, folder = await asyncio.to_thread(
-                policies.step, body.project, plain(policy), body.groups, body.config
-            )
+            async with trainer_turn_async(engine):
+                result, folder = await asyncio.to_thread(
+                    policies.step, body.project, plain(policy), body.groups, body.config
+                )
         except TrainingAborted as exc:
             return aborted(exc)
         except ConfigError as exc:  # a config the live trainer cannot take (another LoRA shape)
@@ -115,15 +116,16 @@ def training_router(engine: Any, policies: Any, *, keep_loaded: int = 4) -> APIR
         if not examples:
             raise RequestError("examples: give at least one conversation (or trajectories)", "examples")
         try:
-            losses, step, folder = await asyncio.to_thread(
-                policies.warmup,
-                body.project,
-                plain(policy),
-                examples,
-                steps=body.steps,
-                learning_rate=body.learning_rate,
-                config=body.config,
-            )
+            async with trainer_turn_async(engine):
+                losses, step, folder = await asyncio.to_thread(
+                    policies.warmup,
+                    body.project,
+                    plain(policy),
+                    examples,
+                    steps=body.steps,
+                    learning_rate=body.learning_rate,
+                    config=body.config,
+                )
         except TrainingAborted as exc:
             return aborted(exc)
         except ConfigError as exc:

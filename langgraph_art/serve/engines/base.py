@@ -11,12 +11,15 @@ Adapters are addressed by name (``"agent@12"``); a request names at most one ada
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from langgraph_art.errors import RequestError
+from langgraph_art.errors import AdapterError, ContextLengthError, RequestError
+from langgraph_art.types import ModelRef
 
 FinishReason = Literal["stop", "length"]
 MAX_N = 64
@@ -141,3 +144,40 @@ def stop_position(text: str, stops: Sequence[str]) -> int:
     """Index of the earliest stop string in ``text``, or -1."""
     positions = [p for p in (text.find(s) for s in stops) if p >= 0]
     return min(positions) if positions else -1
+
+
+def token_budget(request: GenerationRequest, max_model_len: int) -> int:
+    """How many tokens ``request`` may sample: its ``max_tokens``, or up to the end of the context window. Raises
+    ``ContextLengthError`` (saying what to shorten) when the prompt leaves no room or ``max_tokens`` does not fit."""
+    prompt_len = len(request.prompt_token_ids)
+    if prompt_len == 0:
+        raise ContextLengthError("the prompt is empty", param="messages")
+    room = max_model_len - prompt_len
+    if room < 1:
+        raise ContextLengthError(
+            f"the prompt has {prompt_len} tokens; this model's context length is {max_model_len}. Shorten the messages."
+        )
+    wanted = request.params.max_tokens
+    if wanted is not None and wanted > room:
+        raise ContextLengthError(
+            f"the prompt ({prompt_len} tokens) plus max_tokens ({wanted}) exceeds the context length "
+            f"{max_model_len}; ask for at most {room} tokens",
+            param="max_tokens",
+        )
+    return wanted or room
+
+
+def read_adapter_config(name: str, folder: Path) -> dict[str, Any]:
+    """The checks every engine makes before loading ``folder`` as adapter ``name``; its ``adapter_config.json``."""
+    config = folder / "adapter_config.json"
+    if not config.is_file():
+        raise AdapterError(f"{str(folder)!r} is not a peft adapter folder (no adapter_config.json in it)")
+    if "@" in name and ModelRef.parse(name).latest:
+        raise AdapterError(f"adapter name {name!r}: the part after '@' must be a step number, like 'agent@12'")
+    try:
+        data = json.loads(config.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise AdapterError(f"{str(config)!r} is not valid JSON ({exc}); save the adapter again") from exc
+    if not isinstance(data, dict):
+        raise AdapterError(f"{str(config)!r} holds {type(data).__name__}, not a peft adapter config")
+    return data

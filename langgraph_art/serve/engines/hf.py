@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import json
 import logging
 import os
 import random
@@ -27,7 +26,7 @@ from typing import Any
 
 import torch
 
-from langgraph_art.errors import AdapterError, ContextLengthError, EngineNotReadyError, ModelNotFoundError
+from langgraph_art.errors import EngineNotReadyError, ModelNotFoundError
 from langgraph_art.models.loading import cache_argument, eos_token_ids, load_causal_lm
 from langgraph_art.serve.engines import sampling
 from langgraph_art.serve.engines.adapters import AdapterSet
@@ -38,12 +37,13 @@ from langgraph_art.serve.engines.base import (
     Sample,
     StreamEvent,
     TokenEvent,
+    read_adapter_config,
     stop_position,
+    token_budget,
 )
 from langgraph_art.serve.engines.fast import FastLM
 from langgraph_art.serve.engines.prefill import build_prefill
 from langgraph_art.serve.engines.steps import FastSteps, HFSteps, Steps
-from langgraph_art.types import ModelRef
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ class HFEngine:
             raise ModelNotFoundError(f"adapter {request.adapter!r} is not loaded; loaded: {self._adapters.loaded()}")
         job = _Job(
             request=request,
-            max_new=self._max_new_tokens(request),
+            max_new=token_budget(request, self.max_model_len),
             loop=asyncio.get_running_loop(),
             events=asyncio.Queue(),
             streaming=streaming,
@@ -202,33 +202,9 @@ class HFEngine:
         finally:
             job.cancelled = True  # a client that went away stops its rows at the next step
 
-    def _max_new_tokens(self, request: GenerationRequest) -> int:
-        prompt_len = len(request.prompt_token_ids)
-        if prompt_len == 0:
-            raise ContextLengthError("the prompt is empty", param="messages")
-        room = self.max_model_len - prompt_len
-        if room < 1:
-            raise ContextLengthError(
-                f"the prompt has {prompt_len} tokens; this model's context length is {self.max_model_len}. "
-                "Shorten the messages."
-            )
-        wanted = request.params.max_tokens
-        if wanted is not None and wanted > room:
-            raise ContextLengthError(
-                f"the prompt ({prompt_len} tokens) plus max_tokens ({wanted}) exceeds the context length "
-                f"{self.max_model_len}; ask for at most {room} tokens",
-                param="max_tokens",
-            )
-        return wanted or room
-
     async def load_adapter(self, name: str, path: str) -> None:
-        folder = Path(path)
-        config = folder / "adapter_config.json"
-        if not config.is_file():
-            raise AdapterError(f"{path!r} is not a peft adapter folder (no adapter_config.json in it)")
-        if "@" in name and ModelRef.parse(name).latest:
-            raise AdapterError(f"adapter name {name!r}: the part after '@' must be a step number, like 'agent@12'")
-        json.loads(config.read_text())  # a corrupt config fails here with a clear JSONDecodeError
+        folder = Path(path).resolve()  # the folder, not wherever a relative path points after a chdir
+        read_adapter_config(name, folder)
         await self._command(lambda: self._adapters.load(name, str(folder)))
 
     async def unload_adapter(self, name: str) -> None:

@@ -1,0 +1,338 @@
+"""One suite, both engines: what the app, the trainer and a user may rely on from any ``Engine``.
+
+Every test runs against ``HFEngine`` and ``VLLMEngine`` on the tiny-128 model (head_dim 32, the smallest vLLM's CPU
+attention runs). The engine is served by an ``EmbeddedServer`` (as ``LocalBackend`` does), so engine calls run on
+the server's event loop through ``server.run`` and the HTTP app is exercised on the very same engine. vLLM is not
+in the default environment (its pins conflict with ours): there the vLLM half skips, and ``./dev test-vllm`` runs
+this file in a venv that has vLLM's CPU build; CI runs both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from langgraph_art.errors import AdapterError, ContextLengthError, ModelNotFoundError  # noqa: E402
+from langgraph_art.serve.engines.base import (  # noqa: E402
+    FinishedEvent,
+    GenerationRequest,
+    GenerationResult,
+    SamplingParams,
+    TokenEvent,
+)
+from tests.helpers import WEATHER_CALL, WEATHER_PROMPTS, WEATHER_TOOL  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+def vllm_available() -> bool:
+    try:
+        from langgraph_art.serve.engines.vllm_engine import import_vllm
+
+        import_vllm()
+    except Exception:  # noqa: BLE001 - any failure to import vLLM means: this environment has no vLLM
+        return False
+    return True
+
+
+ENGINES = [
+    "hf",
+    pytest.param(
+        "vllm",
+        marks=[
+            pytest.mark.vllm,
+            pytest.mark.skipif(
+                not vllm_available(), reason="vLLM is not installed here; ./dev test-vllm runs this suite against it"
+            ),
+        ],
+    ),
+]
+
+
+@pytest.fixture(scope="session")
+def model_path() -> Path:
+    from langgraph_art.models.tiny import tiny_model
+
+    return tiny_model(hidden_size=128)
+
+
+@pytest.fixture(scope="session")
+def weather_adapter(model_path: Path) -> Path:
+    from langgraph_art.testing import tool_call_adapter
+
+    return tool_call_adapter(model_path)
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def server(request: pytest.FixtureRequest, model_path: Path, weather_adapter: Path) -> Iterator[Any]:
+    from langgraph_art.serve.embedded import EmbeddedServer
+
+    if request.param == "hf":
+        from langgraph_art.serve.engines.hf import HFEngine
+
+        engine: Any = HFEngine(str(model_path), served_name="tiny-128")
+    else:
+        from langgraph_art.serve.engines.vllm_engine import VLLMEngine
+
+        engine = VLLMEngine(str(model_path), served_name="tiny-128", max_lora_rank=8, device="cpu")
+    with EmbeddedServer(engine) as running:
+        running.run(engine.load_adapter("weather@1", str(weather_adapter)))
+        yield running
+
+
+@pytest.fixture(scope="module")
+def reference(model_path: Path) -> Any:
+    """The trainer's view: the model as ``from_pretrained`` loads it, fp32, apart from any engine."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+
+
+def generate(server: Any, ids: list[int], adapter: str | None = None, **params: Any) -> GenerationResult:
+    result: GenerationResult = server.run(
+        server.engine.generate(GenerationRequest(ids, SamplingParams(**params), adapter=adapter))
+    )
+    return result
+
+
+def prompt(server: Any, text: str = "hello there", tools: list | None = None) -> list[int]:
+    from langgraph_art.serve.chat import render_prompt
+    from langgraph_art.serve.protocol import Tool
+
+    schemas = [Tool.model_validate(t).model_dump(exclude_none=True) for t in tools] if tools else None
+    return render_prompt(server.engine.tokenizer, [{"role": "user", "content": text}], schemas)
+
+
+def trainer_logprobs(model: Any, prompt_ids: list[int], ids: list[int], temperature: float) -> list[float]:
+    """What the GRPO trainer computes for these tokens: ``token_logprobs`` of one forward pass (greedy: T=1)."""
+    from langgraph_art.train.loss import token_logprobs
+
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt_ids + ids])).logits[:, len(prompt_ids) - 1 : -1]
+    t = torch.tensor([temperature if temperature > 0 else 1.0])
+    return token_logprobs(logits, torch.tensor([ids]), t)[0].tolist()
+
+
+def max_gap(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) for x, y in zip(a, b, strict=True))
+
+
+def adapted(reference: Any, folder: Path) -> Any:
+    import copy
+
+    from peft import PeftModel
+
+    return PeftModel.from_pretrained(copy.deepcopy(reference), str(folder)).eval()
+
+
+def lora_folder(model_path: Path, out: Path, seed: int, **config: Any) -> Path:
+    """A random (non-zero) LoRA adapter for the tiny-128 model, saved by peft."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(model_path)
+    settings = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"], "init_lora_weights": False}
+    get_peft_model(base, LoraConfig(**{**settings, **config})).save_pretrained(str(out))
+    return out
+
+
+# -- sampling -------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 1.5, 0.0])
+def test_logprobs_equal_the_trainers_forward_pass(server: Any, reference: Any, temperature: float) -> None:
+    """Raw logprobs (vLLM's default) would fail at T != 1: they ignore the temperature that was sampled with."""
+    ids = prompt(server)
+    result = generate(server, ids, temperature=temperature, max_tokens=24, n=3, seed=3)
+    assert [s.index for s in result.samples] == [0, 1, 2]
+    for sample in result.samples:
+        assert len(sample.token_ids) == len(sample.logprobs) > 0
+        assert max_gap(trainer_logprobs(reference, ids, sample.token_ids, temperature), sample.logprobs) < 1e-4
+
+
+def test_ids_decode_to_the_text_and_n_choices_differ(server: Any) -> None:
+    tokenizer = server.engine.tokenizer
+    result = generate(server, prompt(server, "tell me about the weather"), temperature=1.5, max_tokens=16, n=4, seed=1)
+    assert len(result.samples) == 4
+    for sample in result.samples:
+        assert tokenizer.decode(sample.token_ids, skip_special_tokens=True) == sample.text
+    assert len({tuple(s.token_ids) for s in result.samples}) > 1
+
+
+def test_seeded_requests_reproduce(server: Any) -> None:
+    ids = prompt(server, "tell me about the weather")
+    params = GenerationRequest(ids, SamplingParams(temperature=1.5, max_tokens=16, n=3, seed=11))
+
+    async def twice() -> list[GenerationResult]:
+        again = GenerationRequest(ids, params.params)
+        return list(await asyncio.gather(server.engine.generate(params), server.engine.generate(again)))
+
+    first, second = server.run(twice())
+    assert [s.token_ids for s in first.samples] == [s.token_ids for s in second.samples]
+    third = generate(server, ids, temperature=1.5, max_tokens=16, n=3, seed=11)
+    assert [s.token_ids for s in third.samples] == [s.token_ids for s in first.samples]
+
+
+def test_finish_reasons_length_and_eos_kept_in_ids(server: Any) -> None:
+    result = generate(server, prompt(server), max_tokens=5)
+    assert result.samples[0].finish_reason == "length" and len(result.samples[0].token_ids) == 5
+    done = generate(
+        server, prompt(server, WEATHER_PROMPTS[0], [WEATHER_TOOL]), "weather@1", temperature=0, max_tokens=64
+    )
+    sample = done.samples[0]
+    assert sample.finish_reason == "stop"
+    assert sample.token_ids[-1] == server.engine.tokenizer.convert_tokens_to_ids("<|im_end|>")  # EOS is in the ids
+    assert sample.text == WEATHER_CALL  # and not in the text
+
+
+def test_stop_string_cuts_text_but_keeps_sampled_ids(server: Any) -> None:
+    ids = prompt(server, WEATHER_PROMPTS[0], [WEATHER_TOOL])
+    result = generate(server, ids, "weather@1", temperature=0, max_tokens=64, stop=('"arguments"',))
+    sample = result.samples[0]
+    assert sample.finish_reason == "stop"
+    assert sample.text == '<tool_call>{"name": "get_weather", '
+    assert server.engine.tokenizer.decode(sample.token_ids).startswith(sample.text + '"arguments"')
+
+
+def test_top_logprobs_are_ranked_and_hold_the_most_likely_token(server: Any, reference: Any) -> None:
+    ids = prompt(server)
+    sample = generate(server, ids, temperature=1.0, max_tokens=6, top_logprobs=3, seed=2).samples[0]
+    with torch.no_grad():
+        logits = reference(torch.tensor([ids + sample.token_ids])).logits[0, len(ids) - 1 : -1]
+    expected = torch.log_softmax(logits, -1).topk(3, -1)
+    for step, top in enumerate(sample.top_logprobs):
+        assert [token for token, _ in top] == expected.indices[step].tolist()
+        assert max_gap([value for _, value in top], expected.values[step].tolist()) < 1e-4
+
+
+def test_streaming_yields_each_token_then_the_result(server: Any) -> None:
+    async def collect() -> list[Any]:
+        request = GenerationRequest(prompt(server), SamplingParams(max_tokens=6, n=2, seed=4))
+        return [event async for event in server.engine.stream(request)]
+
+    events = server.run(collect())
+    tokens = [e for e in events if isinstance(e, TokenEvent)]
+    assert isinstance(events[-1], FinishedEvent) and len(tokens) == 12
+    for sample in events[-1].result.samples:
+        assert [t.token_id for t in tokens if t.index == sample.index] == sample.token_ids
+        assert [t.logprob for t in tokens if t.index == sample.index] == sample.logprobs
+
+
+def test_context_length_is_enforced(server: Any) -> None:
+    limit = server.engine.max_model_len
+    with pytest.raises(ContextLengthError, match=f"context length is {limit}"):
+        generate(server, list(range(10, limit + 60)))
+    with pytest.raises(ContextLengthError, match="ask for at most"):
+        generate(server, list(range(10, limit - 40)), max_tokens=100)
+    result = generate(server, list(range(10, limit - 8)))  # 18 tokens of room
+    assert len(result.samples[0].token_ids) == 18 and result.samples[0].finish_reason == "length"
+
+
+def test_64_concurrent_requests(server: Any) -> None:
+    ids = [prompt(server, f"question number {i}") for i in range(64)]
+
+    async def many() -> list[GenerationResult]:
+        requests = [GenerationRequest(p, SamplingParams(max_tokens=12, seed=i)) for i, p in enumerate(ids)]
+        return list(await asyncio.gather(*(server.engine.generate(r) for r in requests)))
+
+    results = server.run(many())
+    assert [r.prompt_token_ids for r in results] == ids
+    assert all(len(r.samples[0].token_ids) == 12 for r in results)
+    alone = generate(server, ids[5], max_tokens=12, seed=5)
+    assert alone.samples[0].token_ids == results[5].samples[0].token_ids  # batching does not change a seeded row
+
+
+# -- adapters ---------------------------------------------------------------------------------------------------
+def test_adapter_changes_outputs_then_unload_gives_base_back(
+    server: Any, reference: Any, weather_adapter: Path
+) -> None:
+    ids = prompt(server, WEATHER_PROMPTS[1], [WEATHER_TOOL])
+    base = generate(server, ids, temperature=0, max_tokens=40)
+    server.run(server.engine.load_adapter("weather@2", str(weather_adapter)))
+    tuned = generate(server, ids, "weather@2", temperature=0, max_tokens=40)
+    assert tuned.samples[0].text == WEATHER_CALL != base.samples[0].text
+    gap = max_gap(trainer_logprobs(adapted(reference, weather_adapter), ids, tuned.samples[0].token_ids, 1.0),
+                  tuned.samples[0].logprobs)  # fmt: skip
+    assert gap < 1e-4
+    server.run(server.engine.unload_adapter("weather@2"))
+    assert "weather@2" not in server.engine.adapters()
+    with pytest.raises(ModelNotFoundError, match="weather@2"):
+        generate(server, ids, "weather@2", max_tokens=3)
+    after = generate(server, ids, temperature=0, max_tokens=40)
+    assert after.samples[0].token_ids == base.samples[0].token_ids
+    assert max_gap(after.samples[0].logprobs, base.samples[0].logprobs) < 1e-5
+
+
+def test_reloading_a_name_serves_the_new_weights(server: Any, reference: Any, model_path: Path, tmp_path: Path) -> None:
+    """vLLM keeps serving the old weights when a LoRA id is reused with a new path: each load needs a fresh id."""
+    ids = prompt(server, "what is the weather")
+    first, second = lora_folder(model_path, tmp_path / "one", 1), lora_folder(model_path, tmp_path / "two", 2)
+    for folder in (first, second, first):
+        server.run(server.engine.load_adapter("policy@7", str(folder)))
+        sample = generate(server, ids, "policy@7", temperature=1.0, max_tokens=10, seed=0).samples[0]
+        want = trainer_logprobs(adapted(reference, folder), ids, sample.token_ids, 1.0)
+        assert max_gap(want, sample.logprobs) < 1e-4, f"served stale weights after loading {folder.name}"
+    assert server.engine.adapters()["policy@7"] == str(first)
+    server.run(server.engine.unload_adapter("policy@7"))
+
+
+def test_relative_adapter_path_is_made_absolute(
+    server: Any, weather_adapter: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vLLM takes a relative path it cannot find as a hub id (and tries to download it)."""
+    shutil.copytree(weather_adapter, tmp_path / "relative-weather")
+    monkeypatch.chdir(tmp_path)
+    server.run(server.engine.load_adapter("rel@1", "relative-weather"))
+    monkeypatch.chdir(Path(__file__).parent)
+    assert Path(server.engine.adapters()["rel@1"]) == (tmp_path / "relative-weather").resolve()
+    ids = prompt(server, WEATHER_PROMPTS[0], [WEATHER_TOOL])
+    assert generate(server, ids, "rel@1", temperature=0, max_tokens=40).samples[0].text == WEATHER_CALL
+    server.run(server.engine.unload_adapter("rel@1"))
+
+
+def test_bad_adapter_folders_are_refused_and_the_engine_keeps_serving(
+    server: Any, tmp_path: Path, weather_adapter: Path
+) -> None:
+    with pytest.raises(AdapterError, match=r"no adapter_config\.json"):
+        server.run(server.engine.load_adapter("x@1", str(tmp_path)))
+    with pytest.raises(AdapterError, match="step number"):
+        server.run(server.engine.load_adapter("x@latest", str(weather_adapter)))
+    (tmp_path / "adapter_config.json").write_text("{not json")
+    with pytest.raises(AdapterError, match="not valid JSON"):
+        server.run(server.engine.load_adapter("x@1", str(tmp_path)))
+    (tmp_path / "adapter_config.json").write_text('{"peft_type": "LORA", "target_modules": ["nope"], "r": 4}')
+    with pytest.raises(AdapterError):  # no weights in the folder
+        server.run(server.engine.load_adapter("x@1", str(tmp_path)))
+    assert "x@1" not in server.engine.adapters()
+    assert len(generate(server, prompt(server), max_tokens=3).samples[0].token_ids) == 3  # still serving
+
+
+# -- through the app ------------------------------------------------------------------------------------------
+def test_tool_calls_through_the_app(server: Any) -> None:
+    body = {
+        "model": "weather@1",
+        "messages": [{"role": "user", "content": WEATHER_PROMPTS[0]}],
+        "tools": [WEATHER_TOOL],
+        "temperature": 0,
+        "max_tokens": 64,
+        "logprobs": True,
+        "n": 2,
+    }
+    response = httpx.post(f"{server.base_url}/chat/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    for choice in response.json()["choices"]:
+        call = choice["message"]["tool_calls"][0]["function"]
+        assert call["name"] == "get_weather"
+        assert json.loads(call["arguments"]) == {"city": "Paris"}
+        assert choice["finish_reason"] == "tool_calls"
+        assert all("token_id" in entry for entry in choice["logprobs"]["content"])
+    streamed = httpx.post(f"{server.base_url}/chat/completions", json={**body, "stream": True, "n": 1}, timeout=60)
+    assert streamed.status_code == 200 and '"tool_calls"' in streamed.text and streamed.text.rstrip().endswith("[DONE]")

