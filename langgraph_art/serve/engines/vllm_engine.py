@@ -399,6 +399,8 @@ class VLLMEngine:
     async def _drop_retired(self) -> None:
         idle = [i for i in self._retired if self._running[i] == 0]
         for lora_id in idle:
+            if lora_id not in self._retired:  # a concurrent call took it while we awaited
+                continue
             self._retired.discard(lora_id)
             if self._llm is not None and not self._closed:
                 await self._llm.remove_lora(lora_id)
