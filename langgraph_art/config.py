@@ -60,6 +60,9 @@ class GRPOConfig(BaseModel):
     trainable_nodes: list[str] | None = None
     save_total_limit: int = 3
     seed: int = 0
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # the trainer's weights; auto: bf16 on CUDA, fp32 on CPU
+    gradient_checkpointing: bool = False  # recompute each layer's activations in backward: memory for time
+    logits_chunk_size: int | None = None  # tokens per LM-head chunk; None: chunks of <= 2**26 logits (256 MB fp32)
 
     @model_validator(mode="after")
     def _check(self) -> GRPOConfig:
@@ -97,6 +100,8 @@ class GRPOConfig(BaseModel):
             problems.append(f"lora_dropout={self.lora_dropout}: must be in [0, 1)")
         if self.save_total_limit < 1:
             problems.append("save_total_limit must be >= 1 (checkpoints kept besides pinned ones)")
+        if self.logits_chunk_size is not None and self.logits_chunk_size < 1:
+            problems.append(f"logits_chunk_size={self.logits_chunk_size}: use >= 1 tokens, or None to size it")
         if problems:
             raise ConfigError("invalid GRPOConfig: " + "; ".join(problems))
         return self

@@ -116,3 +116,48 @@ def test_group_advantages_scaling_and_skips() -> None:
 def test_node_rewards_get_their_own_advantages() -> None:
     adv = group_advantages([group("a", [1.0, 0.0], node_rewards=[0.0, 1.0])], "none")
     assert adv.by_span == {"a0s": -0.5, "a1s": 0.5} and adv.by_trajectory == {"a0": 0.5, "a1": -0.5}
+
+
+def test_chunked_logprobs_by_hand() -> None:
+    """Head = identity on 2 logits. Position 0: logits [0, ln 3] -> p = [1/4, 3/4], target 1; position 1: logits
+    [ln 2, 0] -> p = [2/3, 1/3], target 0. One token per chunk."""
+    from langgraph_art.train.loss import chunked_logprobs_and_entropy
+
+    hidden = torch.tensor([[[0.0, math.log(3)], [math.log(2), 0.0]]])  # [1, 2, 2]
+    logprobs, entropy = chunked_logprobs_and_entropy(hidden, lambda h: h, torch.tensor([[1, 0]]), torch.ones(1), 1)
+    assert logprobs.tolist()[0] == pytest.approx([math.log(3 / 4), math.log(2 / 3)])
+    h0 = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
+    h1 = -(2 / 3 * math.log(2 / 3) + 1 / 3 * math.log(1 / 3))
+    assert entropy.tolist()[0] == pytest.approx([h0, h1])
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 100])
+def test_chunked_logprobs_equal_the_whole_computation_with_gradients(chunk: int) -> None:
+    from langgraph_art.train.loss import chunked_logprobs_and_entropy, token_logprobs_and_entropy
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(5, 11, bias=False)
+    hidden = torch.randn(2, 7, 5, requires_grad=True)  # [B, T, H]
+    targets = torch.randint(0, 11, (2, 7))
+    temperature = torch.tensor([1.0, 0.7])
+    results = []
+    for fn in ("whole", "chunked"):
+        hidden.grad, head.weight.grad = None, None
+        if fn == "whole":
+            logprobs, entropy = token_logprobs_and_entropy(head(hidden), targets, temperature)
+        else:
+            logprobs, entropy = chunked_logprobs_and_entropy(hidden, head, targets, temperature, chunk)
+        (logprobs * torch.arange(7.0)).sum().backward()
+        results.append((logprobs.detach(), entropy, hidden.grad.clone(), head.weight.grad.clone()))
+    for whole, chunked in zip(*results, strict=True):
+        assert torch.allclose(whole, chunked, atol=1e-6)
+    assert not results[1][1].requires_grad  # entropy is a statistic, detached
+
+
+def test_chunk_size_keeps_a_chunks_logits_under_the_budget() -> None:
+    from langgraph_art.train.loss import LOGITS_PER_CHUNK, chunk_tokens
+
+    assert chunk_tokens(rows=2, vocab=2**20) == 32 and LOGITS_PER_CHUNK >= 2 * 32 * 2**20
+    assert chunk_tokens(rows=8, vocab=152_064) == LOGITS_PER_CHUNK // (8 * 152_064)
+    assert chunk_tokens(rows=1, vocab=2**30) == 1
+    assert chunk_tokens(rows=2, vocab=2048, chunk_size=5) == 5

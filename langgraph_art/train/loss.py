@@ -18,10 +18,12 @@ inference engine and the trainer is corrected as well as policy change within a 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
+import torch.utils.checkpoint
 
 LossType = Literal["grpo", "dr_grpo", "bnpo", "cispo", "gspo"]
 
@@ -131,3 +133,47 @@ def entropy(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
     """Per-token entropy of the sampling distribution. logits: [B, T, V] -> [B, T]."""
     logp = torch.log_softmax(logits.float() / temperature.clamp(min=1e-6).view(-1, 1, 1), dim=-1)
     return -(logp.exp() * logp).sum(-1)
+
+
+LOGITS_PER_CHUNK = 2**26  # 256 MB of float32 logits: the default budget of one LM-head chunk
+
+
+def chunk_tokens(rows: int, vocab: int, chunk_size: int | None = None) -> int:
+    """Tokens per LM-head chunk: ``chunk_size``, or as many as keep ``rows x tokens x vocab`` <= LOGITS_PER_CHUNK."""
+    return chunk_size or max(1, LOGITS_PER_CHUNK // max(1, rows * vocab))
+
+
+def chunked_logprobs_and_entropy(
+    hidden: torch.Tensor,
+    head: Callable[[torch.Tensor], torch.Tensor],
+    targets: torch.Tensor,
+    temperature: torch.Tensor,
+    chunk: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``token_logprobs_and_entropy(head(hidden), ...)`` without ever building the whole [B, T, V] logits.
+
+    hidden: [B, T, H] final hidden states (position t predicts targets[:, t]); head: hidden -> logits (the LM
+    head); targets: [B, T]; temperature: [B] -> logprobs [B, T] (with grad), entropy [B, T] (detached).
+
+    The tokens go through the head ``chunk`` at a time; under autograd each chunk is checkpointed, so its logits are
+    freed after the forward and recomputed in backward: peak memory is one chunk's logits, not the sequence's.
+    With one chunk (short sequences) it is the plain computation, no recompute.
+    """
+    width = hidden.shape[1]
+    if width <= chunk:
+        return token_logprobs_and_entropy(head(hidden), targets, temperature)
+
+    def one(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return token_logprobs_and_entropy(head(h), t, temperature)
+
+    grad = torch.is_grad_enabled()
+    logprobs, entropies = [], []
+    for start in range(0, width, chunk):
+        h, t = hidden[:, start : start + chunk], targets[:, start : start + chunk]
+        if grad:
+            lp, ent = torch.utils.checkpoint.checkpoint(one, h, t, use_reentrant=False)
+        else:
+            lp, ent = one(h, t)
+        logprobs.append(lp)
+        entropies.append(ent)
+    return torch.cat(logprobs, 1), torch.cat(entropies, 1)

@@ -27,11 +27,25 @@ from langgraph_art.errors import ConfigError, LangGraphArtError, TrainingAborted
 from langgraph_art.models.loading import cache_argument, cache_of, load_causal_lm, quiet_transformers
 from langgraph_art.train import checkpoint
 from langgraph_art.train.advantages import group_advantages
-from langgraph_art.train.loss import policy_loss, token_logprobs, token_logprobs_and_entropy
+from langgraph_art.train.loss import (
+    chunk_tokens,
+    chunked_logprobs_and_entropy,
+    policy_loss,
+    token_logprobs_and_entropy,
+)
 from langgraph_art.train.tokenize import TokenizeReport, TrainSequence, build_sequences
 from langgraph_art.types import StepResult, TrajectoryGroup
 
 log = logging.getLogger(__name__)
+
+
+def train_dtype(config: GRPOConfig, device: str | None) -> torch.dtype:
+    """The trainer's weights: ``config.dtype``; ``"auto"`` is bfloat16 on CUDA, float32 elsewhere."""
+    from langgraph_art.models.loading import pick_device
+
+    if config.dtype != "auto":
+        return getattr(torch, config.dtype)
+    return torch.bfloat16 if pick_device(device).startswith("cuda") else torch.float32
 
 
 class GRPOTrainer:
@@ -49,7 +63,7 @@ class GRPOTrainer:
 
         self.config = config or GRPOConfig()
         self.checkpoint_dir = Path(checkpoint_dir)
-        base, self.tokenizer = load_causal_lm(base_model, device=device, dtype=torch.float32)
+        base, self.tokenizer = load_causal_lm(base_model, device=device, dtype=train_dtype(self.config, device))
         lora = LoraConfig(
             r=self.config.lora_r,
             lora_alpha=self.config.lora_alpha,
@@ -63,6 +77,13 @@ class GRPOTrainer:
         self.device = base.device
         self._keeps_logits = "logits_to_keep" in inspect.signature(base.forward).parameters
         self._cache_kwarg = cache_argument(base)
+        # the LM head run in chunks over the body's hidden states; not for models that post-process their logits
+        plain_head = not any(getattr(base.config, k, None) for k in ("final_logit_softcapping", "logit_scale"))
+        self._body: Any = base.get_decoder() if plain_head else None
+        self._head: Any = base.get_output_embeddings() if plain_head else None
+        self._body_cache_kwarg = cache_argument(self._body) if self._body is not None else ""
+        self._checkpointing = False
+        self._set_checkpointing(self.config.gradient_checkpointing)
         self._params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self._params, lr=self.config.learning_rate, weight_decay=self.config.weight_decay, foreach=True
@@ -73,7 +94,7 @@ class GRPOTrainer:
 
     def update_config(self, config: GRPOConfig) -> None:
         """Take new hyper-parameters for the next steps; the LoRA's shape cannot change under a live adapter."""
-        shape = ("lora_r", "lora_alpha", "lora_dropout", "target_modules")
+        shape = ("lora_r", "lora_alpha", "lora_dropout", "target_modules", "dtype")
         changed = [k for k in shape if getattr(config, k) != getattr(self.config, k)]
         if changed:
             raise ConfigError(
@@ -81,8 +102,22 @@ class GRPOTrainer:
                 "(another name) to use a different LoRA shape"
             )
         self.config = config
+        self._set_checkpointing(config.gradient_checkpointing)
         for group in self.optimizer.param_groups:
             group["lr"], group["weight_decay"] = config.learning_rate, config.weight_decay
+
+    def _set_checkpointing(self, on: bool) -> None:
+        if on == self._checkpointing:
+            return
+        base: Any = self.model.get_base_model()
+        kwargs = {"use_reentrant": False}
+        if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.20's name; the old one warns
+            base.activation_checkpointing_enable(kwargs) if on else base.activation_checkpointing_disable()
+        elif on:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        else:
+            base.gradient_checkpointing_disable()
+        self._checkpointing = on
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         """The LoRA parameters (listed once: walking the module tree every step costs milliseconds)."""
@@ -107,18 +142,17 @@ class GRPOTrainer:
                 advantages=dict(advantages.by_trajectory),
             )
 
-        if not self.model.training:
+        if not self.model.get_base_model().training:  # the PeftModel's own flag says True over an eval() base
             self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         batches = _micro_batches(sequences, cfg.per_device_train_batch_size)
         total_tokens = sum(sum(s.mask) for s in sequences)
-        sums: dict[str, float] = {"loss": 0.0, "entropy": 0.0, "kl": 0.0, "clip_fraction": 0.0, "ratio_mean": 0.0}
+        sums = dict.fromkeys(("loss", "entropy", "kl", "clip_fraction", "ratio_mean", "sampler_logprob_gap"), 0.0)
         for batch in batches:
             ids, mask, old, adv, temp = _tensors(batch, self.tokenizer.pad_token_id, self.device)
             first = _first_trained_position(batch)  # nothing before it is trained: no logits needed there
-            logits = self._logits(ids, first)  # [B, T-first, V]: position t predicts token t+1
             targets, mask, old, adv = ids[:, first:], mask[:, first:], old[:, first:], adv[:, first:]
-            logprobs, token_entropy = token_logprobs_and_entropy(logits, targets, temp)  # [B, T-first] each
+            logprobs, token_entropy = self._token_logprobs(ids, first, targets, temp)  # [B, T-first] each
             ref = self._reference_logprobs(ids, first, targets, temp) if cfg.beta else None
             loss, stats = policy_loss(
                 logprobs,
@@ -148,6 +182,12 @@ class GRPOTrainer:
                 ("kl", stats.kl),
                 ("clip_fraction", stats.clip_fraction),
                 ("ratio_mean", stats.ratio_mean),
+                # the trainer's logprob of each sampled token against the sampler's, before this step's update:
+                # the numeric mismatch (bf16, kernels) the importance ratio absorbs
+                (
+                    "sampler_logprob_gap",
+                    float(((logprobs.detach() - old).abs() * mask).sum() / mask.sum().clamp(min=1)),
+                ),
             ):
                 sums[key] += value * share
 
@@ -208,36 +248,49 @@ class GRPOTrainer:
             losses.append(loss.item())
         return losses
 
-    def _logits(self, ids: torch.Tensor, first: int, share_prefix: bool = True) -> torch.Tensor:
-        """Logits of positions ``first-1 .. T-2`` (those predicting tokens ``first .. T-1``). No attention mask:
-        see ``_tensors``. The LM head runs only there (``logits_to_keep``): an agent's long shared context costs
-        no [T, V] logits, which for a 150k vocabulary and 2k tokens would be 1.2 GB per sequence in float32.
+    def _token_logprobs(
+        self, ids: torch.Tensor, first: int, targets: torch.Tensor, temp: torch.Tensor, share_prefix: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logprobs (with grad) and entropy (detached) [B, T-first] of ``targets`` = ``ids[:, first:]``. The LM head
+        runs only on positions ``first-1 .. T-2`` and in chunks (``logits_chunk_size``): no [B, T, V] logits, which
+        for a 150k vocabulary and 8k tokens would be ~5 GB per sequence in float32."""
+        if self._body is None or self._head is None:  # a model that post-processes its logits: the whole forward
+            return token_logprobs_and_entropy(self._logits(ids, first), targets, temp)
+        hidden = self._hidden(ids, first, share_prefix)  # [B, T-first, H]: position t predicts token t+1
+        chunk = chunk_tokens(ids.shape[0], self._head.out_features, self.config.logits_chunk_size)
+        return chunked_logprobs_and_entropy(hidden, self._head, targets, temp, chunk)
+
+    def _hidden(self, ids: torch.Tensor, first: int, share_prefix: bool = True) -> torch.Tensor:
+        """The final hidden states of positions ``first-1 .. T-2`` (those predicting tokens ``first .. T-1``). No
+        attention mask: see ``_tensors``.
 
         A GRPO group's runs all start with the same prompt. The tokens every row starts with (before the first
         trained one) go through the model once; each row's KV cache is a copy of that one's, and the rest of the
         rows runs on top of it. Gradients flow back through the copies into the shared forward, so the result is
-        the full forward's (tested), at a fraction of the cost when the prompt is long."""
+        the full forward's (tested), at a fraction of the cost when the prompt is long. Not with gradient
+        checkpointing (transformers turns the KV cache off there)."""
+        assert self._body is not None
         rows, width = ids.shape
-        keep = width - first + 1
-        if not self._keeps_logits:
-            return self.model(input_ids=ids).logits[:, first - 1 : -1]
-        shared = _shared_prefix(ids, first - 1) if share_prefix and rows > 1 else 0
+        shared = _shared_prefix(ids, first - 1) if share_prefix and rows > 1 and not self._checkpointing else 0
         if shared < _MIN_SHARED_PREFIX:
-            return self.model(input_ids=ids, logits_to_keep=keep).logits[:, :-1]
-        prefix = self.model(input_ids=ids[:1, :shared], use_cache=True, logits_to_keep=1)
+            return self._body(input_ids=ids, use_cache=False).last_hidden_state[:, first - 1 : -1]
+        prefix = self._body(input_ids=ids[:1, :shared], use_cache=True)
         cache = cache_of(prefix)
         cache.batch_repeat_interleave(rows)  # [1, ...] -> [B, ...] per layer, differentiable
         positions = torch.arange(shared, width, device=ids.device).expand(rows, -1)
-        out = self.model(
-            input_ids=ids[:, shared:], position_ids=positions, logits_to_keep=keep, **{self._cache_kwarg: cache}
-        )
-        return out.logits[:, :-1]
+        out = self._body(input_ids=ids[:, shared:], position_ids=positions, **{self._body_cache_kwarg: cache})
+        return out.last_hidden_state[:, first - 1 - shared : -1]
+
+    def _logits(self, ids: torch.Tensor, first: int) -> torch.Tensor:
+        """Logits [B, T-first, V] of positions ``first-1 .. T-2`` through the whole model (``logits_to_keep``)."""
+        if not self._keeps_logits:
+            return self.model(input_ids=ids).logits[:, first - 1 : -1]
+        return self.model(input_ids=ids, logits_to_keep=ids.shape[1] - first + 1).logits[:, :-1]
 
     @torch.no_grad()
     def _reference_logprobs(self, ids: torch.Tensor, first: int, targets: torch.Tensor, temp: torch.Tensor) -> Any:
         with self.model.disable_adapter():  # the base model is the KL reference
-            logits = self._logits(ids, first)
-        return token_logprobs(logits, targets, temp)
+            return self._token_logprobs(ids, first, targets, temp)[0]
 
     # -- checkpoints -----------------------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
@@ -300,6 +353,12 @@ def _save_adapter(model: Any, tensors: dict[str, torch.Tensor], folder: Path) ->
         config.save_pretrained(str(folder))
     finally:
         config.inference_mode = training
+
+
+def _mean_gap(logprobs: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean |trainer logprob - sampler logprob| over the trained tokens [B, T], before the step's update: the
+    numeric mismatch between engine and trainer (bf16, other kernels) that the importance ratio absorbs."""
+    return float(((logprobs.detach() - old).abs() * mask).sum() / mask.sum().clamp(min=1))
 
 
 def _micro_batches(sequences: list[TrainSequence], size: int) -> list[list[TrainSequence]]:

@@ -1,0 +1,127 @@
+"""Peak memory of 3 GRPO steps against the size of the weights: our embedded loop (LocalBackend + Trainer) and TRL's
+GRPOTrainer on the same model and task, each in a fresh process (peak RSS only grows), same run.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/memory.py [--models tiny-5m,qwen-0.5b-shape] [--who ours,trl]
+
+The task is grpo_vs_trl.py's: 1 prompt x 8 runs x 32 new tokens, LoRA r=8 on all linear layers, fp32 on CPU.
+``qwen-0.5b-shape`` is built offline (benchmarks/engines.py). TRL needs ``pip install -e ".[bench]"``.
+``idle`` is the same process with everything imported and the model not loaded: the floor under both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+STEPS, N, NEW_TOKENS = 3, 8, 32
+PROMPT = [{"role": "user", "content": "Write some numbers."}]
+
+
+def peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def digits(text: str) -> float:
+    chars = "".join(text.split())
+    return sum(c.isdigit() for c in chars) / len(chars) if chars else 0.0
+
+
+def run_ours(model: Path) -> dict[str, float]:
+    import fastapi  # noqa: F401 - imported before `idle` is read, so idle holds the libraries, not the model
+    import peft  # noqa: F401
+    import transformers  # noqa: F401
+    import uvicorn  # noqa: F401
+
+    import langgraph_art as art
+    from langgraph_art.testing import one_agent_graph
+
+    @art.reward
+    def share(state: Any) -> float:
+        return digits(str(state["messages"][-1].content))
+
+    idle = peak_mib()
+    with tempfile.TemporaryDirectory() as home, art.LocalBackend(home=home) as backend:
+        policy = art.TrainableModel(name="mem", project="bench", base_model=str(model)).register(backend)
+        llm = art.ChatART(model=policy, temperature=1.0, max_tokens=NEW_TOKENS)  # type: ignore[call-arg,arg-type]
+        config = art.GRPOConfig(learning_rate=1e-2, per_device_train_batch_size=N, lora_r=8, lora_alpha=16)
+        trainer = art.Trainer(one_agent_graph(llm), policy, rewards=[share], num_generations=N, config=config)
+        scenarios = [{"id": "numbers", "input": {"messages": [("user", PROMPT[0]["content"])]}}]
+        history = trainer.train(scenarios, steps=STEPS, progress=False)
+    return {"idle_mib": idle, "peak_mib": peak_mib(), "steps": float(len(history))}
+
+
+def run_trl(model: Path) -> dict[str, float]:
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl import GRPOConfig as TRLConfig
+    from trl import GRPOTrainer as TRLTrainer
+
+    def rewards(completions: list[Any], **_: Any) -> list[float]:
+        return [digits(c[0]["content"] if isinstance(c, list) else c) for c in completions]
+
+    idle = peak_mib()
+    args = TRLConfig(
+        output_dir=tempfile.mkdtemp(), use_cpu=True, use_vllm=False, bf16=False, gradient_checkpointing=False,
+        per_device_train_batch_size=N, num_generations=N, max_completion_length=NEW_TOKENS, learning_rate=1e-2,
+        beta=0.0, loss_type="grpo", report_to="none", max_steps=STEPS, save_strategy="no", logging_steps=1000,
+        temperature=1.0, disable_tqdm=True, seed=0,
+    )  # fmt: skip
+    data = Dataset.from_list([{"prompt": PROMPT}] * (STEPS * N))
+    trainer = TRLTrainer(model=str(model), reward_funcs=[rewards], args=args, train_dataset=data,
+                         peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"))  # fmt: skip
+    trainer.train()
+    return {"idle_mib": idle, "peak_mib": peak_mib(), "steps": float(STEPS)}
+
+
+def weights_mib(model: Path) -> float:
+    return sum(f.stat().st_size for f in model.glob("*.safetensors")) / 2**20
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="tiny-5m,qwen-0.5b-shape")
+    parser.add_argument("--who", default="ours,trl")
+    parser.add_argument("--one", nargs=2, metavar=("WHO", "MODEL_FOLDER"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.one:  # the child process: one measurement, printed as JSON
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        who, folder = args.one
+        result = (run_ours if who == "ours" else run_trl)(Path(folder))
+        print("RESULT " + json.dumps(result))
+        return
+    sys.path.insert(0, str(Path(__file__).parent))
+    from engines import model_folder
+
+    rows = []
+    for name in args.models.split(","):
+        folder = model_folder(name)
+        weights = weights_mib(folder)
+        for who in args.who.split(","):
+            out = subprocess.run([sys.executable, __file__, "--one", who, str(folder)], capture_output=True, text=True)
+            lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+            if out.returncode or not lines:
+                print(f"{name} {who}: failed\n{out.stderr[-2000:]}")
+                continue
+            result = json.loads(lines[-1][len("RESULT ") :])
+            rows.append((name, who, weights, result))
+            print(f"  {name} {who}: {result}", flush=True)
+    print(f"\n{STEPS} GRPO steps of {N} runs x {NEW_TOKENS} tokens, fp32, CPU; MiB of peak RSS")
+    print("| model | who | weights file | idle (imports) | peak | peak / weights | (peak - idle) / weights |")
+    print("|---|---|---|---|---|---|---|")
+    for name, who, weights, r in rows:
+        print(f"| {name} | {who} | {weights:.0f} | {r['idle_mib']:.0f} | {r['peak_mib']:.0f} | "
+              f"{r['peak_mib'] / weights:.2f}x | {(r['peak_mib'] - r['idle_mib']) / weights:.2f}x |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
