@@ -31,7 +31,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 
 def qwen_half_b_shape() -> Path:
     """A Qwen2.5-0.5B-shaped random model on the tiny tokenizer, built once under the tiny-model cache."""
-    from langgraph_art.models.tiny import default_cache_dir, tiny_model
+    from langgraph_art.models.tiny import NORM_SCALE, default_cache_dir, tiny_model
 
     target = default_cache_dir() / "bench" / "qwen-0.5b-shape-v1"
     if (target / "config.json").exists():
@@ -54,7 +54,7 @@ def qwen_half_b_shape() -> Path:
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config)
     with torch.no_grad():
-        model.model.norm.weight.fill_(16.0)  # as the tiny models: sharper logits than a flat random init
+        model.model.norm.weight.fill_(NORM_SCALE)  # as the tiny models: sharper logits than a flat random init
     model.save_pretrained(staging)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging.rename(target)

@@ -202,7 +202,10 @@ def test_live_vllm_refuses_what_it_cannot_serve_and_keeps_serving(tmp_path: Path
 @pytest.mark.slow
 def test_local_backend_trains_with_vllm_sampling(tmp_path: Path) -> None:
     """The embedded loop on vLLM: an async graph's runs sampled by vLLM, whose logprobs the trainer reproduces
-    (importance ratio 1 before the update), and each step's checkpoint served by vLLM as ``project/name@step``."""
+    (importance ratio 1 before the update), and each step's checkpoint served by vLLM as ``project/name@step``; then
+    LangChain's create_agent trained with ``atrain`` inside a running event loop, twice on that loop."""
+    import asyncio
+
     import langgraph_art as art
     from tests.test_async_training import SCENARIOS, assert_trained, async_node_graph, varied
 
@@ -219,6 +222,24 @@ def test_local_backend_trains_with_vllm_sampling(tmp_path: Path) -> None:
         assert isinstance(engine, VLLMEngine)
         assert {"v/agent@2", "v/agent@3"} <= set(engine.adapters())
         assert len(set(engine.lora_ids().values())) == len(engine.adapters())  # one vLLM id per checkpoint
+        # a graph we did not write (LangChain's create_agent), trained with atrain inside a running event loop
+        from langchain.agents import create_agent
+
+        from tests.helpers import get_weather
+
+        agent = art.TrainableModel(name="create-agent", project="v", base_model="tiny-128").register(backend)
+        agent_llm = art.ChatART(model=agent, temperature=1.0, max_tokens=8)  # type: ignore[call-arg,arg-type]
+        graph = create_agent(model=agent_llm, tools=[get_weather], system_prompt="Answer with numbers.")
+        notebook = art.Trainer(graph, agent, rewards=[varied], num_generations=4, config=config)
+
+        async def cell() -> list[dict[str, float]]:
+            await notebook.atrain(SCENARIOS, steps=2, progress=False)
+            return await notebook.atrain(SCENARIOS, steps=1, progress=False)  # a second cell, same loop: all 3 steps
+
+        agent_history = asyncio.run(cell())
+        assert_trained(agent_history, 3)
+        assert all(abs(m["train/ratio_mean"] - 1.0) < 1e-3 for m in agent_history), agent_history
+        assert "v/create-agent@3" in engine.adapters()
         wide = art.TrainableModel(name="wide", project="v", base_model="tiny-128").register(backend)
         with pytest.raises(ConfigError, match=r"engine_options=\{'max_lora_rank': 16\}"):  # before any rollout
             backend.trainer(wide, art.GRPOConfig(lora_r=16))

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from langgraph_art.backends.base import register_policy
-from langgraph_art.errors import ConfigError
 from langgraph_art.model import TrainableModel
 from langgraph_art.store import TrajectoryStore, default_home
 from langgraph_art.types import ModelRef, StepResult
@@ -78,16 +77,9 @@ class LocalBackend:
 
     def trainer(self, model: TrainableModel, config: Any = None) -> None:
         """Load (or resume) the model's trainer, with ``config`` applied."""
-        rank = getattr(config, "lora_r", None)
-        limit = getattr(self.server(model.base_model).engine, "max_lora_rank", None)
-        if rank is not None and limit is not None and rank > limit:  # vLLM would refuse the first checkpoint
-            from langgraph_art.serve.engines.vllm_engine import lora_rank_for
-
-            raise ConfigError(
-                f"GRPOConfig(lora_r={rank}) is above the vLLM engine's max_lora_rank {limit}: pass "
-                f"LocalBackend(engine='vllm', engine_options={{'max_lora_rank': {lora_rank_for(rank)}}}), or a "
-                f"lora_r <= {limit}"
-            )
+        check_rank = getattr(self.server(model.base_model).engine, "check_lora_rank", None)
+        if config is not None and check_rank is not None:  # an engine that serves only ranks up to a limit (vLLM)
+            check_rank(config.lora_r)
         self.policies(model.base_model).prepare(model.project, model.name, config)
 
     def current_step(self, model: TrainableModel) -> int:

