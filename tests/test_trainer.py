@@ -33,7 +33,7 @@ def sampled_turn(trainer: GRPOTrainer, seed: int, node: str = "agent", n: int = 
         )
     )
     ids = torch.randint(10, 2000, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
-    with torch.no_grad():
+    with torch.no_grad(), trainer.adapter():
         logits = trainer.model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1]
     logprobs = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None])[:, 0].tolist()
     return Turn(
@@ -63,18 +63,18 @@ def make_group(trainer: GRPOTrainer, rewards: list[float | None], gid: str = "g"
 def test_steps_move_every_lora_parameter_and_no_base_weight(trainer: GRPOTrainer) -> None:
     """LoRA starts with B = 0, so the first step's gradient reaches every lora_B but no lora_A (dL/dA = B^T...);
     from the second step on every LoRA parameter moves. Base weights never do."""
-    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    before = {n: p.detach().clone() for n, p in trainer.named_lora_parameters().items()}
+    base = {n: p.detach().clone() for n, p in trainer.model.state_dict().items()}
     result = trainer.step([make_group(trainer, [1.0, 0.0, 0.5, 0.0])])
     assert result.updated and result.step == 1
     assert result.metrics["train/ratio_mean"] == pytest.approx(1.0, abs=1e-4)  # sampler == trainer logprobs
     assert result.metrics["train/sequences"] == 4 and result.metrics["train/tokens"] == 32
-    for name, param in trainer.model.named_parameters():
+    for name, param in trainer.named_lora_parameters().items():
         changed = not torch.equal(param, before[name])
         assert changed == ("lora_B" in name), name
     trainer.step([make_group(trainer, [0.0, 1.0, 0.5, 0.0], gid="h")])
-    for name, param in trainer.model.named_parameters():
-        changed = not torch.equal(param, before[name])
-        assert changed == ("lora_" in name), name
+    assert all(not torch.equal(param, before[name]) for name, param in trainer.named_lora_parameters().items())
+    assert all(torch.equal(p, base[n]) for n, p in trainer.model.state_dict().items())  # base weights never move
 
 
 def test_bad_input_is_skipped_with_counted_reasons(trainer: GRPOTrainer) -> None:
@@ -127,7 +127,7 @@ def test_checkpoints_are_peft_folders_pruned_pinned_and_resumed(trainer: GRPOTra
     }
     loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_path), folder)
     ids = torch.tensor([[1, 5, 9, 12]])
-    with torch.no_grad():
+    with torch.no_grad(), trainer.adapter():
         assert torch.allclose(loaded(ids).logits, trainer.model(ids).logits, atol=1e-5)
     resumed = GRPOTrainer(str(tiny_path), config, checkpoint_dir=trainer.checkpoint_dir)
     assert resumed.step_count == 4
@@ -221,7 +221,7 @@ def test_config_updates_keep_the_lora_shape(trainer: GRPOTrainer) -> None:
 def test_right_padded_batches_need_no_attention_mask(trainer: GRPOTrainer) -> None:
     """The trainer runs padded micro-batches without an attention mask: each real token's logprob must equal the
     one from that sequence run alone (causal attention never looks at the padding after it)."""
-    from langgraph_art.train.trainer import _tensors
+    from langgraph_art.train.batches import batch_tensors as _tensors
 
     runs = [make_group(trainer, [1.0, 0.0]).trajectories[0]]
     runs[0].spans[0].turns[0].token_ids = runs[0].spans[0].turns[0].token_ids[:3]  # a shorter second sequence
@@ -230,7 +230,7 @@ def test_right_padded_batches_need_no_attention_mask(trainer: GRPOTrainer) -> No
     sequences = build_sequences(runs, Advantages(by_trajectory={t.id: 1.0 for t in runs}), trainer.tokenizer)
     assert len({len(s) for s in sequences}) == 2
     ids, mask, *_ = _tensors(sequences, trainer.tokenizer.pad_token_id, "cpu")
-    with torch.no_grad():
+    with torch.no_grad(), trainer.adapter():
         batched = torch.log_softmax(trainer.model(input_ids=ids).logits, -1)
         for row, seq in enumerate(sequences):
             alone = torch.log_softmax(trainer.model(input_ids=torch.tensor([seq.input_ids])).logits[0], -1)
@@ -240,8 +240,9 @@ def test_right_padded_batches_need_no_attention_mask(trainer: GRPOTrainer) -> No
 
 def test_logits_are_computed_only_where_tokens_are_trained(trainer: GRPOTrainer) -> None:
     """The LM head runs from the first trained position on; the logprobs there equal the full computation's."""
+    from langgraph_art.train.batches import batch_tensors as _tensors
+    from langgraph_art.train.batches import first_trained_position as _first_trained_position
     from langgraph_art.train.loss import token_logprobs
-    from langgraph_art.train.trainer import _first_trained_position, _tensors
 
     runs = make_group(trainer, [1.0, 0.0, 0.5]).trajectories
     runs[1].spans[0].turns[0].prompt_token_ids = runs[1].spans[0].turns[0].prompt_token_ids[:4]  # starts earlier
@@ -249,7 +250,7 @@ def test_logits_are_computed_only_where_tokens_are_trained(trainer: GRPOTrainer)
     ids, mask, _, _, temp = _tensors(sequences, trainer.tokenizer.pad_token_id, "cpu")
     first = _first_trained_position(sequences)
     assert first == min(s.mask.index(1) for s in sequences) < max(s.mask.index(1) for s in sequences)
-    with torch.no_grad():
+    with torch.no_grad(), trainer.adapter():
         full = token_logprobs(trainer.model(input_ids=ids).logits[:, :-1], ids[:, 1:], temp)[:, first - 1 :]
         assert trainer._keeps_logits
         kept = token_logprobs(trainer._logits(ids, first), ids[:, first:], temp)
@@ -273,7 +274,7 @@ def test_a_shared_prompt_runs_once_with_the_full_forwards_logits_and_gradients(
     """Rows that start with the same 20 tokens (a group's prompt), then differ, with right padding: the shared
     forward gives the logprobs and LoRA gradients of one forward over the whole rows."""
     torch.manual_seed(0)
-    for name, param in trainer.model.named_parameters():  # a non-zero B: LoRA takes part in the prompt's forward
+    for name, param in trainer.named_lora_parameters().items():  # a non-zero B: LoRA takes part in the prompt's forward
         if "lora_B" in name:
             torch.nn.init.normal_(param, std=0.05)
     prompt = torch.randint(10, 2000, (1, 20)).expand(4, -1)
@@ -286,10 +287,12 @@ def test_a_shared_prompt_runs_once_with_the_full_forwards_logits_and_gradients(
     for share in (True, False):
         trainer.optimizer.zero_grad(set_to_none=True)
         shapes.clear()
-        logprobs = trainer._token_logprobs(ids, first, ids[:, first:], torch.ones(4), share_prefix=share)[0]  # [4, 9]
+        with trainer.adapter():
+            logprobs = trainer._token_logprobs(ids, first, ids[:, first:], torch.ones(4), share_prefix=share)[0]
         loss = logprobs.sum()
         if beta:  # the KL reference runs the same way, adapter off
-            ref = trainer._reference_logprobs(ids, first, ids[:, first:], torch.ones(4))
+            with trainer.adapter():
+                ref = trainer._reference_logprobs(ids, first, ids[:, first:], torch.ones(4))
             loss = loss + (ref * beta).sum()
         loss.backward()
         results.append((logprobs.detach(), [p.grad.clone() for p in trainer.trainable_parameters()], list(shapes)))
@@ -310,7 +313,9 @@ def test_creating_a_trainer_leaves_the_callers_rng_alone(tiny_path: Path, tmp_pa
     first = GRPOTrainer(str(tiny_path), CONFIG, checkpoint_dir=tmp_path / "a")
     assert torch.equal(torch.rand(3), expected)
     second = GRPOTrainer(str(tiny_path), CONFIG, checkpoint_dir=tmp_path / "b")
-    for (name, a), b in zip(first.model.named_parameters(), second.model.parameters(), strict=True):
+    second_params = second.named_lora_parameters()
+    for name, a in first.named_lora_parameters().items():
+        b = second_params[name]
         assert torch.equal(a, b), name  # same seed, same LoRA init, whatever the process did in between
 
 
@@ -408,10 +413,15 @@ def test_step_memory_grows_linearly_with_sequence_length() -> None:
     assert growth_mib("4096", "--checkpointing") < 0.7 * growth[4096], growth
 
 
-def test_a_step_trains_in_training_mode(trainer: GRPOTrainer) -> None:
-    """The base model comes from from_pretrained in eval mode and peft's wrapper says ``training`` over it: the step
-    must switch the layers themselves (LoRA dropout and gradient checkpointing act only in training mode)."""
+def test_a_step_trains_in_training_mode_and_leaves_the_model_in_eval(trainer: GRPOTrainer) -> None:
+    """The base model comes from from_pretrained in eval mode: the step switches the layers themselves (LoRA dropout
+    and gradient checkpointing act only in training mode), and puts them back after (on shared weights the engine
+    runs next)."""
     layers = [m for m in trainer.model.modules() if m.__class__.__name__.endswith("DecoderLayer")]
-    assert layers
-    trainer.step([make_group(trainer, [1.0, 0.0, 0.5])])
-    assert all(layer.training for layer in layers)
+    group = make_group(trainer, [1.0, 0.0, 0.5])
+    seen: list[bool] = []
+    hook = layers[0].register_forward_hook(lambda module, args, out: seen.append(module.training))
+    trainer.step([group])
+    hook.remove()
+    assert seen and all(seen)
+    assert not any(layer.training for layer in layers)

@@ -28,7 +28,9 @@ class LocalBackend:
 
     HF engine settings, kept as arguments: ``merge_adapters=False`` serves adapters through peft's LoRA layers
     instead of merging the one in use into the weights (slower sampling, but no copy of the targeted base weights in
-    memory); ``fast_decode=False`` runs every forward through transformers; ``max_batch_size`` rows per batch."""
+    memory); ``fast_decode=False`` runs every forward through transformers; ``max_batch_size`` rows per batch.
+    ``engine_options={"share_weights": ...}``: the trainers train on the engine's own weights (one copy in the
+    process; they take turns with the engine); by default on for models of 256 MiB and more."""
 
     def __init__(
         self,
@@ -65,9 +67,22 @@ class LocalBackend:
         with self._lock:
             registry = self._registries.get(base_model)
             if registry is None:
-                registry = PolicyRegistry(base_model, self.home, device=self.device, max_trainers=self.max_trainers)
+                registry = PolicyRegistry(
+                    base_model,
+                    self.home,
+                    device=self.device,
+                    max_trainers=self.max_trainers,
+                    trainer_factory=lambda *args, **kwargs: self._new_trainer(base_model, *args, **kwargs),
+                )
                 self._registries[base_model] = registry
             return registry
+
+    def _new_trainer(self, base_model: str, *args: Any, **kwargs: Any) -> Any:
+        """A GRPO trainer on the engine's own weights when the engine shares them (one copy in this process)."""
+        from langgraph_art.train.trainer import GRPOTrainer
+
+        shared = getattr(self.server(base_model).engine, "shared_base", None)
+        return GRPOTrainer(*args, shared=shared, **kwargs)
 
     def checkpoint_dir(self, model: TrainableModel) -> Path:
         return self.policies(model.base_model).checkpoint_dir(model.project, model.name)
@@ -80,7 +95,8 @@ class LocalBackend:
         check_rank = getattr(self.server(model.base_model).engine, "check_lora_rank", None)
         if config is not None and check_rank is not None:  # an engine that serves only ranks up to a limit (vLLM)
             check_rank(config.lora_r)
-        self.policies(model.base_model).prepare(model.project, model.name, config)
+        with self._trainer_turn(model):  # a trainer on shared weights adds its adapter while the engine waits
+            self.policies(model.base_model).prepare(model.project, model.name, config)
 
     def current_step(self, model: TrainableModel) -> int:
         return self.policies(model.base_model).current_step(model.project, model.name)

@@ -5,9 +5,9 @@ A policy is identified by ``(project, name)``; its checkpoints live under ``<hom
 (names follow ``config.check_name``, so no policy reaches outside ``home``). The registry creates a policy's
 ``GRPOTrainer`` on first use (it resumes from the latest checkpoint) on its ``device``, applies a changed
 ``GRPOConfig`` to a live trainer before its next step, and keeps at most ``max_trainers`` trainers in memory (each
-holds a copy of the model): a new one replaces the least recently used idle one, whose state is already in its
-latest checkpoint (written after every update); when all are busy, ``ServiceBusyError``. Thread-safe; one step at a
-time per policy.
+holds a copy of the model, or only its LoRA on the engine's shared weights): a new one replaces the least recently
+used idle one, whose state is already in its latest checkpoint (written after every update); when all are busy,
+``ServiceBusyError``. Thread-safe; one step at a time per policy.
 
 Serving a checkpoint is the caller's part: ``step``/``warmup`` return the checkpoint folder to publish as
 ``name@step`` (``serve.publish.publish``).
@@ -153,5 +153,7 @@ class PolicyRegistry:
                     "the service with a larger --max-trainers (each trainer holds a copy of the model in memory)"
                 )
             log.info("dropping the trainer of %s/%s (least recently used) to make room for %s/%s", *idle, *key)
-            del self._slots[idle]
+            dropped = self._slots.pop(idle).trainer
+            if dropped is not None and hasattr(dropped, "close"):
+                dropped.close()  # its adapter leaves a model it shares with the engine
             gc.collect()

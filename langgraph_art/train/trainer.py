@@ -12,11 +12,12 @@ sampler/trainer drift rather than multiple passes.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,27 @@ import torch
 
 from langgraph_art.config import GRPOConfig
 from langgraph_art.errors import ConfigError, LangGraphArtError, TrainingAborted
-from langgraph_art.models.loading import cache_argument, cache_of, load_causal_lm, quiet_transformers
+from langgraph_art.models.loading import (
+    LARGE_MODEL_BYTES,
+    cache_argument,
+    cache_of,
+    load_causal_lm,
+    pick_device,
+    return_large_buffers,
+    weight_bytes,
+)
+from langgraph_art.models.lora import HookedLora, SharedBase
 from langgraph_art.train import checkpoint
 from langgraph_art.train.advantages import group_advantages
+from langgraph_art.train.batches import (
+    MIN_SHARED_PREFIX,
+    batch_tensors,
+    batch_weight,
+    first_trained_position,
+    mean_gap,
+    micro_batches,
+    shared_prefix,
+)
 from langgraph_art.train.loss import (
     chunk_tokens,
     chunked_logprobs_and_entropy,
@@ -41,15 +60,16 @@ log = logging.getLogger(__name__)
 
 def train_dtype(config: GRPOConfig, device: str | None) -> torch.dtype:
     """The trainer's weights: ``config.dtype``; ``"auto"`` is bfloat16 on CUDA, float32 elsewhere."""
-    from langgraph_art.models.loading import pick_device
-
     if config.dtype != "auto":
         return getattr(torch, config.dtype)
     return torch.bfloat16 if pick_device(device).startswith("cuda") else torch.float32
 
 
 class GRPOTrainer:
-    """LoRA GRPO on ``base_model`` ("tiny", a hub id or a folder); checkpoints under ``checkpoint_dir``."""
+    """LoRA GRPO on ``base_model`` ("tiny", a hub id or a folder); checkpoints under ``checkpoint_dir``.
+
+    The LoRA is ``models.lora.HookedLora`` on the base model's linear layers (not peft's wrappers), so the base
+    can be the engine's own model (``shared``): one copy of the weights per process. Checkpoints are peft folders."""
 
     def __init__(
         self,
@@ -58,39 +78,73 @@ class GRPOTrainer:
         *,
         checkpoint_dir: str | Path,
         device: str | None = None,
+        shared: SharedBase | None = None,
     ) -> None:
-        from peft import LoraConfig, get_peft_model
-
+        """``shared``: an engine's model in this process (``LocalBackend`` passes it when the engine offers it) to
+        train on instead of loading a copy; used when its dtype is the one this config trains in."""
         self.config = config or GRPOConfig()
         self.checkpoint_dir = Path(checkpoint_dir)
-        base, self.tokenizer = load_causal_lm(base_model, device=device, dtype=train_dtype(self.config, device))
-        lora = LoraConfig(
+        dtype = train_dtype(self.config, device)
+        if shared is not None and (
+            next(shared.model.parameters()).dtype != dtype or shared.model.device.type != pick_device(device)
+        ):
+            log.info(
+                "training %s in %s on its own copy: the engine's weights differ in dtype or device", base_model, dtype
+            )
+            shared = None
+        if shared is None:
+            base, self.tokenizer = load_causal_lm(base_model, device=device, dtype=dtype)
+            self._lora = HookedLora(base)
+        else:
+            base, self.tokenizer, self._lora = shared.model, shared.tokenizer, shared.lora
+        base.requires_grad_(False)
+        self.model: Any = base  # the base model; run it with the adapter inside ``with trainer.adapter():``
+        self.shares_weights = shared is not None
+        self.adapter_name = f"trainer:{self.checkpoint_dir.resolve()}"  # ':' keeps it apart from served names
+        self._named_params = self._lora.add_trainable(
+            self.adapter_name,
             r=self.config.lora_r,
-            lora_alpha=self.config.lora_alpha,
-            lora_dropout=self.config.lora_dropout,
+            alpha=self.config.lora_alpha,
             target_modules=self.config.target_modules,
-        )
-        cuda = [base.device.index or 0] if base.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=cuda), quiet_transformers():  # seeded LoRA init; the caller's RNG untouched
-            torch.manual_seed(self.config.seed)
-            self.model = get_peft_model(base, lora)
+            dropout=self.config.lora_dropout,
+            seed=self.config.seed,
+        )  # seeded as peft's get_peft_model was: the caller's RNG untouched
+        try:
+            self._setup(base)
+        except BaseException:
+            self.close()  # a shared model keeps no adapter of a trainer that failed to start
+            raise
+
+    def _setup(self, base: Any) -> None:
         self.device = base.device
+        self._large = weight_bytes(base) >= LARGE_MODEL_BYTES
+        if self._large and base.device.type == "cpu":
+            return_large_buffers()  # activation temporaries would otherwise pile up in the heap (see there)
         self._keeps_logits = "logits_to_keep" in inspect.signature(base.forward).parameters
-        self._cache_kwarg = cache_argument(base)
         # the LM head run in chunks over the body's hidden states; not for models that post-process their logits
         plain_head = not any(getattr(base.config, k, None) for k in ("final_logit_softcapping", "logit_scale"))
         self._body: Any = base.get_decoder() if plain_head else None
         self._head: Any = base.get_output_embeddings() if plain_head else None
         self._body_cache_kwarg = cache_argument(self._body) if self._body is not None else ""
-        self._checkpointing = False
-        self._set_checkpointing(self.config.gradient_checkpointing)
-        self._params = [p for p in self.model.parameters() if p.requires_grad]
+        self._params = list(self._named_params.values())
         self.optimizer = torch.optim.AdamW(
             self._params, lr=self.config.learning_rate, weight_decay=self.config.weight_decay, foreach=True
         )
         self.step_count = 0
-        self._saved_keys: dict[str, torch.nn.Parameter] | None = None
         self._resume()
+
+    def adapter(self) -> Any:
+        """``with trainer.adapter():`` runs ``trainer.model`` with the trained LoRA (outside: the base model)."""
+        return self._lora.active(self.adapter_name)
+
+    def named_lora_parameters(self) -> dict[str, torch.nn.Parameter]:
+        """The LoRA's parameters under the names peft saves them with (``...lora_A.weight``), in layer order."""
+        return dict(self._named_params)
+
+    def close(self) -> None:
+        """Take this trainer's adapter off a shared model (a trainer with its own model just drops it)."""
+        if self.adapter_name in self._lora.names():
+            self._lora.remove(self.adapter_name)
 
     def update_config(self, config: GRPOConfig) -> None:
         """Take new hyper-parameters for the next steps; the LoRA's shape cannot change under a live adapter."""
@@ -102,14 +156,21 @@ class GRPOTrainer:
                 "(another name) to use a different LoRA shape"
             )
         self.config = config
-        self._set_checkpointing(config.gradient_checkpointing)
         for group in self.optimizer.param_groups:
             group["lr"], group["weight_decay"] = config.learning_rate, config.weight_decay
 
+    def _checkpointing(self) -> bool:
+        """``gradient_checkpointing``, where None means: on for models of ``LARGE_MODEL_BYTES`` and more."""
+        if self.config.gradient_checkpointing is not None:
+            return self.config.gradient_checkpointing
+        return self._large
+
     def _set_checkpointing(self, on: bool) -> None:
-        if on == self._checkpointing:
+        """Gradient checkpointing on the model as this trainer's config says (set at each turn: on shared weights
+        another policy's trainer may have set it otherwise)."""
+        base: Any = self.model
+        if any(getattr(m, "gradient_checkpointing", False) is True for m in base.modules()) == on:
             return
-        base: Any = self.model.get_base_model()
         kwargs = {"use_reentrant": False}
         if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.20's name; the old one warns
             base.activation_checkpointing_enable(kwargs) if on else base.activation_checkpointing_disable()
@@ -117,7 +178,6 @@ class GRPOTrainer:
             base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         else:
             base.gradient_checkpointing_disable()
-        self._checkpointing = on
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         """The LoRA parameters (listed once: walking the module tree every step costs milliseconds)."""
@@ -142,54 +202,13 @@ class GRPOTrainer:
                 advantages=dict(advantages.by_trajectory),
             )
 
-        if not self.model.get_base_model().training:  # the PeftModel's own flag says True over an eval() base
-            self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        batches = _micro_batches(sequences, cfg.per_device_train_batch_size)
+        batches = micro_batches(sequences, cfg.per_device_train_batch_size)
         total_tokens = sum(sum(s.mask) for s in sequences)
         sums = dict.fromkeys(("loss", "entropy", "kl", "clip_fraction", "ratio_mean", "sampler_logprob_gap"), 0.0)
-        for batch in batches:
-            ids, mask, old, adv, temp = _tensors(batch, self.tokenizer.pad_token_id, self.device)
-            first = _first_trained_position(batch)  # nothing before it is trained: no logits needed there
-            targets, mask, old, adv = ids[:, first:], mask[:, first:], old[:, first:], adv[:, first:]
-            logprobs, token_entropy = self._token_logprobs(ids, first, targets, temp)  # [B, T-first] each
-            ref = self._reference_logprobs(ids, first, targets, temp) if cfg.beta else None
-            loss, stats = policy_loss(
-                logprobs,
-                old,
-                adv,
-                mask,
-                loss_type=cfg.loss_type,
-                epsilon=cfg.epsilon,
-                epsilon_high=cfg.epsilon_high,
-                beta=cfg.beta,
-                ref_logprobs=ref,
-                max_tokens=cfg.max_length,
-            )
-            weight = _batch_weight(cfg.loss_type, batch, sequences, stats.tokens, total_tokens)
-            if not torch.isfinite(loss):
-                self.optimizer.zero_grad(set_to_none=True)
-                raise TrainingAborted(
-                    f"step {self.step_count + 1}: the loss is {loss.item()} (non-finite); the "
-                    "weights were not updated and no checkpoint was written. Lower "
-                    "learning_rate or check the rewards for extreme values."
-                )
-            (loss * weight).backward()
-            share = stats.tokens / max(total_tokens, 1)
-            sums["loss"] += loss.detach().item() * weight
-            for key, value in (
-                ("entropy", float((token_entropy * mask).sum() / mask.sum().clamp(min=1))),
-                ("kl", stats.kl),
-                ("clip_fraction", stats.clip_fraction),
-                ("ratio_mean", stats.ratio_mean),
-                # the trainer's logprob of each sampled token against the sampler's, before this step's update:
-                # the numeric mismatch (bf16, kernels) the importance ratio absorbs
-                (
-                    "sampler_logprob_gap",
-                    float(((logprobs.detach() - old).abs() * mask).sum() / mask.sum().clamp(min=1)),
-                ),
-            ):
-                sums[key] += value * share
+        with self._training():
+            for batch in batches:
+                self._backward(batch, sequences, total_tokens, sums)
 
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), cfg.max_grad_norm))
         if not math.isfinite(grad_norm):
@@ -214,6 +233,62 @@ class GRPOTrainer:
         metrics.update({f"train/skipped/{k}": float(v) for k, v in report.skipped.items()})
         return StepResult(self.step_count, True, metrics, report.skipped, advantages=dict(advantages.by_trajectory))
 
+    def _backward(
+        self, batch: list[TrainSequence], sequences: list[TrainSequence], total_tokens: int, sums: dict[str, float]
+    ) -> None:
+        """One micro-batch: forward, loss, backward (gradients accumulate); its metrics added to ``sums``."""
+        cfg = self.config
+        ids, mask, old, adv, temp = batch_tensors(batch, self.tokenizer.pad_token_id, self.device)
+        first = first_trained_position(batch)  # nothing before it is trained: no logits needed there
+        targets, mask, old, adv = ids[:, first:], mask[:, first:], old[:, first:], adv[:, first:]
+        logprobs, token_entropy = self._token_logprobs(ids, first, targets, temp)  # [B, T-first] each
+        ref = self._reference_logprobs(ids, first, targets, temp) if cfg.beta else None
+        loss, stats = policy_loss(
+            logprobs,
+            old,
+            adv,
+            mask,
+            loss_type=cfg.loss_type,
+            epsilon=cfg.epsilon,
+            epsilon_high=cfg.epsilon_high,
+            beta=cfg.beta,
+            ref_logprobs=ref,
+            max_tokens=cfg.max_length,
+        )
+        weight = batch_weight(cfg.loss_type, batch, sequences, stats.tokens, total_tokens)
+        if not torch.isfinite(loss):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise TrainingAborted(
+                f"step {self.step_count + 1}: the loss is {loss.item()} (non-finite); the "
+                "weights were not updated and no checkpoint was written. Lower "
+                "learning_rate or check the rewards for extreme values."
+            )
+        (loss * weight).backward()
+        share = stats.tokens / max(total_tokens, 1)
+        sums["loss"] += loss.detach().item() * weight
+        for key, value in (
+            ("entropy", float((token_entropy * mask).sum() / mask.sum().clamp(min=1))),
+            ("kl", stats.kl),
+            ("clip_fraction", stats.clip_fraction),
+            ("ratio_mean", stats.ratio_mean),
+            # the trainer's logprob of each sampled token against the sampler's, before this step's update:
+            # the numeric mismatch (bf16, kernels) the importance ratio absorbs
+            ("sampler_logprob_gap", mean_gap(logprobs, old, mask)),
+        ):
+            sums[key] += value * share
+
+    @contextlib.contextmanager
+    def _training(self) -> Iterator[None]:
+        """The model in training mode with this trainer's adapter active, and back in eval mode after (on shared
+        weights the engine runs next)."""
+        self._set_checkpointing(self._checkpointing())
+        self.model.train()
+        try:
+            with self.adapter():
+                yield
+        finally:
+            self.model.eval()
+
     def sft(
         self,
         examples: Sequence[Any],
@@ -233,19 +308,19 @@ class GRPOTrainer:
         if not sequences:
             raise LangGraphArtError("no SFT example has an assistant token to learn from")
         optimizer = torch.optim.AdamW(self.trainable_parameters(), lr=learning_rate or self.config.learning_rate)
-        self.model.train()
         size, losses = self.config.per_device_train_batch_size, []
-        for index in range(steps):
-            start = (index * size) % len(sequences)
-            batch = (sequences + sequences)[start : start + size]
-            loss, _ = sft_loss(self.model, batch, self.tokenizer.pad_token_id, self.device)
-            if not torch.isfinite(loss):
-                raise TrainingAborted(f"SFT step {index + 1}: non-finite loss; lower the learning rate")
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), self.config.max_grad_norm)
-            optimizer.step()
-            losses.append(loss.item())
+        with self._training():
+            for index in range(steps):
+                start = (index * size) % len(sequences)
+                batch = (sequences + sequences)[start : start + size]
+                loss, _ = sft_loss(self.model, batch, self.tokenizer.pad_token_id, self.device)
+                if not torch.isfinite(loss):
+                    raise TrainingAborted(f"SFT step {index + 1}: non-finite loss; lower the learning rate")
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), self.config.max_grad_norm)
+                optimizer.step()
+                losses.append(loss.item())
         return losses
 
     def _token_logprobs(
@@ -262,7 +337,7 @@ class GRPOTrainer:
 
     def _hidden(self, ids: torch.Tensor, first: int, share_prefix: bool = True) -> torch.Tensor:
         """The final hidden states of positions ``first-1 .. T-2`` (those predicting tokens ``first .. T-1``). No
-        attention mask: see ``_tensors``.
+        attention mask: see ``batch_tensors``.
 
         A GRPO group's runs all start with the same prompt. The tokens every row starts with (before the first
         trained one) go through the model once; each row's KV cache is a copy of that one's, and the rest of the
@@ -271,8 +346,8 @@ class GRPOTrainer:
         checkpointing (transformers turns the KV cache off there)."""
         assert self._body is not None
         rows, width = ids.shape
-        shared = _shared_prefix(ids, first - 1) if share_prefix and rows > 1 and not self._checkpointing else 0
-        if shared < _MIN_SHARED_PREFIX:
+        shared = shared_prefix(ids, first - 1) if share_prefix and rows > 1 and not self._checkpointing() else 0
+        if shared < MIN_SHARED_PREFIX:
             return self._body(input_ids=ids, use_cache=False).last_hidden_state[:, first - 1 : -1]
         prefix = self._body(input_ids=ids[:1, :shared], use_cache=True)
         cache = cache_of(prefix)
@@ -289,15 +364,16 @@ class GRPOTrainer:
 
     @torch.no_grad()
     def _reference_logprobs(self, ids: torch.Tensor, first: int, targets: torch.Tensor, temp: torch.Tensor) -> Any:
-        with self.model.disable_adapter():  # the base model is the KL reference
+        with self._lora.active(None):  # the base model is the KL reference
             return self._token_logprobs(ids, first, targets, temp)[0]
 
     # -- checkpoints -----------------------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
         """Write checkpoint ``step_count`` atomically; returns its folder (a peft adapter folder)."""
+        name = getattr(self.model, "name_or_path", None)
 
         def write(folder: Path) -> None:
-            _save_adapter(self.model, self._adapter_tensors(), folder)
+            self._lora.save_peft(self.adapter_name, folder, base_model=name)
             torch.save(self.optimizer.state_dict(), folder / "optimizer.pt")
 
         return checkpoint.save(
@@ -308,105 +384,24 @@ class GRPOTrainer:
             keep=self.config.save_total_limit,
         )
 
-    def _adapter_tensors(self) -> dict[str, torch.Tensor]:
-        """The adapter's tensors under the names peft saves them with. peft's ``get_peft_model_state_dict`` walks
-        the whole model each time (~7 ms here); its keys are mapped to our parameters once, then read directly."""
-        from peft import get_peft_model_state_dict
-
-        if self._saved_keys is None:
-            by_storage = {p.data_ptr(): p for p in self._params}
-            state = get_peft_model_state_dict(self.model)
-            if any(t.data_ptr() not in by_storage for t in state.values()):  # peft built copies: no shortcut
-                return dict(state)
-            self._saved_keys = {key: by_storage[t.data_ptr()] for key, t in state.items()}
-        return {key: p.detach() for key, p in self._saved_keys.items()}
-
+    @torch.no_grad()
     def _resume(self) -> None:
         step = checkpoint.latest_step(self.checkpoint_dir)
         if step is None:
             return
-        from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 
         folder = checkpoint.step_dir(self.checkpoint_dir, step)
-        set_peft_model_state_dict(self.model, load_file(folder / "adapter_model.safetensors"))
+        saved = load_file(folder / "adapter_model.safetensors")
+        if set(saved) != set(self._named_params):
+            raise ConfigError(
+                f"{folder} holds a LoRA on other layers than target_modules={self.config.target_modules!r} "
+                "selects; train under another name, or use the target_modules it was trained with"
+            )
+        for key, param in self._named_params.items():
+            param.copy_(saved[key])
         optimizer_state = folder / "optimizer.pt"
         if optimizer_state.exists():
             self.optimizer.load_state_dict(torch.load(optimizer_state, map_location=self.device))
         self.step_count = step
         log.info("resumed from checkpoint %s", folder)
-
-
-def _save_adapter(model: Any, tensors: dict[str, torch.Tensor], folder: Path) -> None:
-    """The adapter as peft's ``save_pretrained`` writes it (``adapter_model.safetensors`` with the same keys,
-    ``adapter_config.json`` in inference mode) without the README model card, whose template rendering took
-    most of the ~50 ms a save cost: the loop saves after every step."""
-    from safetensors.torch import save_file
-
-    tensors = {k: v.contiguous() for k, v in tensors.items()}
-    save_file(tensors, str(folder / "adapter_model.safetensors"), metadata={"format": "pt"})
-    config = model.peft_config["default"]
-    if config.base_model_name_or_path is None:
-        config.base_model_name_or_path = getattr(model.get_base_model(), "name_or_path", None)
-    training, config.inference_mode = config.inference_mode, True
-    try:
-        config.save_pretrained(str(folder))
-    finally:
-        config.inference_mode = training
-
-
-def _mean_gap(logprobs: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) -> float:
-    """Mean |trainer logprob - sampler logprob| over the trained tokens [B, T], before the step's update: the
-    numeric mismatch between engine and trainer (bf16, other kernels) that the importance ratio absorbs."""
-    return float(((logprobs.detach() - old).abs() * mask).sum() / mask.sum().clamp(min=1))
-
-
-def _micro_batches(sequences: list[TrainSequence], size: int) -> list[list[TrainSequence]]:
-    ordered = sorted(sequences, key=len)  # similar lengths together: little padding
-    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
-
-
-def _batch_weight(
-    loss_type: str, batch: list[TrainSequence], sequences: list[TrainSequence], tokens: int, total_tokens: int
-) -> float:
-    """Scale a micro-batch's loss so the accumulated gradient equals the loss over the whole step."""
-    if loss_type in ("grpo", "gspo", "dr_grpo"):
-        return len(batch) / len(sequences)
-    return tokens / max(total_tokens, 1)
-
-
-_MIN_SHARED_PREFIX = 16  # below this a second forward call can cost more than the tokens it saves (2-layer tiny)
-
-
-def _shared_prefix(ids: torch.Tensor, limit: int) -> int:
-    """How many leading columns (at most ``limit``) hold the same token in every row of ``ids`` [B, T]."""
-    same = (ids[:, :limit] == ids[:1, :limit]).all(0)  # [limit]
-    return int(same.long().cumprod(0).sum())
-
-
-def _first_trained_position(batch: list[TrainSequence]) -> int:
-    """The earliest position any sequence of the micro-batch trains on (>= 1: token 0 has no prediction)."""
-    return max(1, min(seq.mask.index(1) for seq in batch))
-
-
-def _tensors(batch: list[TrainSequence], pad: int, device: Any) -> tuple[torch.Tensor, ...]:
-    """Right-padded [B, T] tensors: ids (pad id in padding), loss mask, sampler logprobs, advantages; and the
-    sampling temperature per sequence [B].
-
-    No attention mask: with right padding under causal attention, a real token only attends to the real tokens
-    before it, never to the padding after it, so the model runs the plain causal path (no [B, T, T] mask).
-    Positions are 0..T-1 for every row, which is also right. What the padding computes is masked out of the loss.
-    """
-    width = max(len(s) for s in batch)
-    ids = torch.full((len(batch), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(batch), width))
-    old = torch.zeros((len(batch), width))
-    adv = torch.zeros((len(batch), width))
-    for row, seq in enumerate(batch):
-        n = len(seq)
-        ids[row, :n] = torch.tensor(seq.input_ids)
-        mask[row, :n] = torch.tensor(seq.mask, dtype=torch.float)
-        old[row, :n] = torch.tensor(seq.old_logprobs)
-        adv[row, :n] = torch.tensor(seq.advantages)
-    temp = torch.tensor([s.temperature for s in batch])
-    return tuple(t.to(device) for t in (ids, mask, old, adv, temp))

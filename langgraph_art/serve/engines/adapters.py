@@ -11,42 +11,29 @@ which matters because the training loop hot-loads a new checkpoint after every s
 
 Adapters that are not plain LoRA on linear layers (DoRA, ``lora_bias``, ``modules_to_save``, rank or alpha
 patterns, embeddings, ...) are loaded and served by peft, unmerged, on pristine weights; so is everything when
-``merge=False``. Worker thread only.
+``merge=False``.
+
+On weights shared with a trainer (``lora=``, a ``models.lora.HookedLora``) nothing is ever merged: the trainer
+must see the base weights, and an exact unmerge needs the pristine copy that sharing saves. Plain LoRA adapters are
+then served through the hooks (transformers' forward) or ``FastLM``'s fused LoRA path (``prepare_fast``); others
+are refused, since peft's wrappers would also act in the trainer's forward. Worker thread only.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
-import math
-import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from langgraph_art.errors import AdapterError, ModelNotFoundError
 from langgraph_art.models.loading import quiet_transformers
-
-_KEY = re.compile(r"^base_model\.model\.(.+)\.lora_([AB])\.weight$")
-# adapter_config.json fields that make an adapter more than W0 + scale * B @ A on linear layers
-_NOT_PLAIN = (
-    "use_dora",
-    "lora_bias",
-    "modules_to_save",
-    "rank_pattern",
-    "alpha_pattern",
-    "fan_in_fan_out",
-    "layer_replication",
-    "target_parameters",
-    "trainable_token_indices",
-    "use_qalora",
-)
+from langgraph_art.models.lora import Factor, HookedLora, read_plain_lora
 
 
 @dataclass(frozen=True)
@@ -56,27 +43,30 @@ class Policy:
 
     model: Any
     plain: bool
-
-
-@dataclass(frozen=True)
-class _Factor:
-    linear: nn.Linear  # the targeted layer (peft may wrap it later; this stays its base layer)
-    a: torch.Tensor  # [r, in]
-    b: torch.Tensor  # [out, r]
-    scale: float
+    fast_lora: Any = None  # the adapter in FastLM's fused layout, when served unmerged on shared weights
 
 
 @dataclass(eq=False)
 class _Adapter:
     folder: str
-    factors: dict[str, _Factor] | None  # module path -> its LoRA; None when peft serves the adapter
+    factors: dict[str, Factor] | None  # module path -> its LoRA; None when peft serves the adapter
     peft_key: str | None = None  # set when peft serves it
+    hooked: str | None = None  # its name in the shared HookedLora
+    fast_lora: Any = None
 
 
 class AdapterSet:
-    def __init__(self, lm: Any, *, merge: bool = True) -> None:
+    def __init__(
+        self,
+        lm: Any,
+        *,
+        merge: bool = True,
+        lora: HookedLora | None = None,
+        prepare_fast: Callable[[dict[str, Factor]], Any] | None = None,
+    ) -> None:
         self._lm = lm
-        self._merge = merge
+        self._merge = merge and lora is None
+        self._lora, self._prepare_fast = lora, prepare_fast
         self._peft: Any = None  # created by the first adapter peft has to serve
         self._names: dict[str, _Adapter] = {}
         self._keys = itertools.count(1)
@@ -95,9 +85,19 @@ class AdapterSet:
 
     # -- load / unload ---------------------------------------------------------------------------------------
     def load(self, name: str, folder: str) -> None:
-        factors = self._read_plain_lora(Path(folder)) if self._merge else None
+        factors = read_plain_lora(self._lm, Path(folder)) if self._merge or self._lora is not None else None
         adapter = _Adapter(folder, factors)
-        if factors is None:
+        if self._lora is not None:
+            if factors is None:
+                raise AdapterError(
+                    f"adapter {name!r} ({folder}) is not plain LoRA on linear layers (DoRA, modules_to_save, "
+                    "embeddings ...): on weights shared with the trainer only plain LoRA is served; start the engine "
+                    "with share_weights=False to serve it through peft"
+                )
+            adapter.hooked = f"served:{next(self._keys)}"
+            self._lora.add(adapter.hooked, factors)
+            adapter.fast_lora = self._prepare_fast(factors) if self._prepare_fast is not None else None
+        elif factors is None:
             adapter.peft_key = self._load_with_peft(name, folder)
         previous = self._names.get(name)
         self._names[name] = adapter
@@ -108,45 +108,14 @@ class AdapterSet:
         self._drop(self._names.pop(name))
 
     def _drop(self, adapter: _Adapter) -> None:
+        if adapter.hooked is not None and self._lora is not None:
+            self._lora.remove(adapter.hooked)
         if self._merged is adapter:
             self._restore()
         if adapter.peft_key is not None:
             with warnings.catch_warnings():  # peft warns that the active adapter changed: each batch sets its own
                 warnings.filterwarnings("ignore", message=".*was active which is now deleted.*")
                 self._peft.delete_adapter(adapter.peft_key)
-
-    def _read_plain_lora(self, folder: Path) -> dict[str, _Factor] | None:
-        """The adapter's factors per module, or None when it is not plain LoRA on this model's linear layers."""
-        from safetensors.torch import load_file
-
-        config = json.loads((folder / "adapter_config.json").read_text())
-        weights = folder / "adapter_model.safetensors"
-        if config.get("peft_type") != "LORA" or any(config.get(k) for k in _NOT_PLAIN) or not weights.is_file():
-            return None
-        rank, alpha = int(config.get("r", 8)), float(config.get("lora_alpha", 8))
-        scale = alpha / (math.sqrt(rank) if config.get("use_rslora") else rank)
-        pairs: dict[str, dict[str, torch.Tensor]] = {}
-        for key, tensor in load_file(str(weights)).items():
-            match = _KEY.match(key)
-            if match is None:
-                return None
-            pairs.setdefault(match.group(1), {})[match.group(2)] = tensor
-        factors = {}
-        tied = self._lm.get_input_embeddings().weight.data_ptr()
-        for path, pair in pairs.items():
-            linear = _base_linear(self._lm, path)
-            if linear is None or set(pair) != {"A", "B"} or linear.weight.data_ptr() == tied:
-                return None  # (a LoRA on an lm_head tied to the embeddings must not change the embeddings)
-            a, b = pair["A"], pair["B"]
-            if a.shape != (rank, linear.in_features) or b.shape != (linear.out_features, rank):
-                raise AdapterError(
-                    f"{folder}: {path} has LoRA shapes A{tuple(a.shape)} B{tuple(b.shape)}, which do not fit this "
-                    f"model's layer ({linear.out_features}x{linear.in_features}) at rank {rank}: the adapter was "
-                    "trained on another base model"
-                )
-            weight = linear.weight
-            factors[path] = _Factor(linear, a.to(weight.device, weight.dtype), b.to(weight.device, weight.dtype), scale)
-        return factors or None
 
     def _load_with_peft(self, name: str, folder: str) -> str:
         from peft import PeftModel
@@ -173,6 +142,10 @@ class AdapterSet:
             adapter = self._names.get(name)
             if adapter is None:
                 raise ModelNotFoundError(f"adapter {name!r} was unloaded before the request ran")
+        if self._lora is not None:
+            with self._lora.active(adapter.hooked if adapter is not None else None):
+                yield Policy(self._lm, plain=True, fast_lora=adapter.fast_lora if adapter is not None else None)
+            return
         if adapter is not None and adapter.peft_key is not None:
             self._restore()
             self._peft.set_adapter(adapter.peft_key)
@@ -215,14 +188,3 @@ class AdapterSet:
             factors[path].linear.weight.copy_(self._pristine[path])
         if paths is None:
             self._merged = None
-
-
-def _base_linear(lm: Any, path: str) -> nn.Linear | None:
-    """The ``nn.Linear`` at ``path`` (under peft's wrapper when peft has wrapped it), or None."""
-    try:
-        module = lm.get_submodule(path)
-    except AttributeError:
-        return None
-    if hasattr(module, "get_base_layer"):
-        module = module.get_base_layer()
-    return module if type(module) is nn.Linear else None

@@ -7,6 +7,9 @@ runs 1.5-2x faster than against the [2048, 256] one that ``F.linear`` transposes
 written in place (grown by doubling), a rotary table, and no module calls: 3.5 ms per decode step against HF's
 6.0 on the 5M tiny model at batch 8, logits within 1e-4 of HF's (tested; ~2e-5 measured).
 
+An adapter runs merged (``adapters.py`` writes it into the weights) or, on weights shared with the trainer,
+unmerged as a ``FastLora`` (its factors fused like the weights).
+
 Its weights are the model's own: at build time the projections' weights are moved into those buffers and the
 modules' parameters re-pointed to (transposed) views of them. Anything written into the weights later, such as
 an adapter merged by ``adapters.py``, is what the fast path computes; ``relink`` re-fuses if something replaced
@@ -25,6 +28,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from langgraph_art.models.loading import release_file_pages
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +77,20 @@ class _Layer:
     gate_up: torch.Tensor  # [H, 2 I]
     down: torch.Tensor  # [I, H]
     links: tuple[tuple[nn.Linear, torch.Tensor], ...]  # each projection and the buffer its weight must view
+    groups: tuple[tuple[nn.Linear, ...], ...]  # the projections of qkv, o, gate_up, down, in buffer column order
+
+
+_Pair = tuple[torch.Tensor, torch.Tensor] | None  # (A [in, R], B [R, out] with the scale in it), or no LoRA
+
+
+@dataclass(frozen=True)
+class FastLora:
+    """A LoRA adapter in FastLM's fused layout, served unmerged: per layer and fused projection (qkv, o, gate_up,
+    down) one ``(A, B)``: the A factors of its projections side by side and their B factors on a block diagonal,
+    so ``x @ W + (x @ A) @ B`` is the fused projection with each part's LoRA (two small matmuls per projection,
+    zeros where a projection is not targeted)."""
+
+    layers: list[tuple[_Pair, _Pair, _Pair, _Pair]]
 
 
 class FastLM:
@@ -118,7 +137,33 @@ class FastLM:
             gate_up=gate_up,
             down=down_t,
             links=((q, qkv), (k, qkv), (v, qkv), (o, o_t), (gate, gate_up), (up, gate_up), (down, down_t)),
+            groups=((q, k, v), (o,), (gate, up), (down,)),
         )
+
+    @torch.no_grad()
+    def prepare_lora(self, factors: dict[str, Any]) -> FastLora:
+        """``factors`` (module path -> ``models.lora.Factor``) in the fused layout; modules FastLM does not run
+        (the output head) are refused by the caller's loader, so every factor lands in a layer."""
+        by_linear = {id(f.linear): f for f in factors.values()}
+        layers = []
+        for layer in self.layers:
+            pairs: list[_Pair] = []
+            for group in layer.groups:
+                present = [(i, by_linear[id(p)]) for i, p in enumerate(group) if id(p) in by_linear]
+                if not present:
+                    pairs.append(None)
+                    continue
+                outs = [p.out_features for p in group]
+                a = torch.cat([f.a.t() for _, f in present], dim=1)  # [in, R]
+                b = a.new_zeros((a.shape[1], sum(outs)))  # [R, out]
+                row = 0
+                for i, f in present:
+                    rank, column = f.a.shape[0], sum(outs[:i])
+                    b[row : row + rank, column : column + outs[i]] = (f.b * f.scale).t()
+                    row += rank
+                pairs.append((a.contiguous(), b))
+            layers.append((pairs[0], pairs[1], pairs[2], pairs[3]))
+        return FastLora(layers)
 
     def relink(self, lm: Any) -> None:
         """Re-fuse any layer whose projection weights are no longer views of its buffers (a parameter was
@@ -139,9 +184,17 @@ class FastLM:
         )
 
     @torch.inference_mode()
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, cache: FastCache) -> Any:
+    def forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        valid: torch.Tensor,
+        cache: FastCache,
+        lora: FastLora | None = None,
+    ) -> Any:
         """Feed ``ids`` [B, T] (``valid`` [B, T]: False on padding) at ``positions`` [B, T]; writes cache columns
-        ``length .. length+T-1``; returns the next-token logits after each row's last column [B, V]."""
+        ``length .. length+T-1``; returns the next-token logits after each row's last column [B, V]. ``lora``: an
+        unmerged adapter added to the projections."""
         rows, width = ids.shape
         start, end = cache.length, cache.length + width
         cache.reserve(end)
@@ -152,8 +205,10 @@ class FastLM:
         qk_size = (heads + kv_heads) * head_dim
         x = F.embedding(ids, self.embed).view(rows * width, -1)  # [B*T, H]: the residual stream
         for index, layer in enumerate(self.layers):
+            lo_qkv, lo_o, lo_gate_up, lo_down = lora.layers[index] if lora is not None else (None,) * 4
             h = _rms(x, layer.norm1, self.eps)
             qkv = h @ layer.qkv if layer.qkv_bias is None else torch.addmm(layer.qkv_bias, h, layer.qkv)
+            qkv = _add_lora(qkv, h, lo_qkv)
             qk = _rope(qkv[:, :qk_size].view(rows, width, heads + kv_heads, head_dim), cos, sin)  # q and k at once
             q = qk[:, :, :heads].transpose(1, 2)  # [B, heads, T, hd]
             cache.keys[index, :, :, start:end] = qk[:, :, heads:].transpose(1, 2)  # [B, kv, T, hd]
@@ -161,11 +216,14 @@ class FastLM:
             attended = F.scaled_dot_product_attention(
                 q, cache.keys[index, :, :, :end], cache.values[index, :, :, :end], attn_mask=mask, enable_gqa=True
             )  # [B, heads, T, hd]
-            x = torch.addmm(x, attended.transpose(1, 2).reshape(rows * width, -1), layer.o)  # residual + o_proj
+            attended = attended.transpose(1, 2).reshape(rows * width, -1)
+            x = _add_lora(torch.addmm(x, attended, layer.o), attended, lo_o)  # residual + o_proj
             if layer.o_proj.bias is not None:
                 x = x + layer.o_proj.bias
-            gate, up = (_rms(x, layer.norm2, self.eps) @ layer.gate_up).chunk(2, -1)  # [B*T, I] each
-            x = torch.addmm(x, F.silu(gate) * up, layer.down)  # residual + down_proj
+            h = _rms(x, layer.norm2, self.eps)
+            gate, up = _add_lora(h @ layer.gate_up, h, lo_gate_up).chunk(2, -1)  # [B*T, I] each
+            act = F.silu(gate) * up
+            x = _add_lora(torch.addmm(x, act, layer.down), act, lo_down)  # residual + down_proj
         cache.length = end
         last = x.view(rows, width, -1)[:, -1]  # [B, H]
         return self.lm_head(_rms(last, self.final_norm, self.eps))  # [B, V]
@@ -218,13 +276,20 @@ def _linear(module: Any) -> nn.Linear:
 def _share(linears: list[nn.Linear]) -> torch.Tensor:
     """One [in, sum(out)] buffer holding the transposed weights of ``linears`` side by side; each module's
     weight becomes a (transposed) view of its columns, so whatever is written into it lands in the buffer."""
-    fused = torch.cat([p.weight.detach().t() for p in linears], dim=1).contiguous()
+    originals = [p.weight.detach() for p in linears]
+    fused = torch.cat([w.t() for w in originals], dim=1).contiguous()
     column = 0
     for p in linears:
         out = p.weight.shape[0]
         p.weight = nn.Parameter(fused[:, column : column + out].t(), requires_grad=False)
         column += out
+    release_file_pages(originals)  # the loaded weights' file pages: one copy of the weights in memory, not two
     return fused
+
+
+def _add_lora(out: torch.Tensor, x: torch.Tensor, pair: _Pair) -> torch.Tensor:
+    """``out + (x @ A) @ B``: [N, in] -> [N, R] -> [N, out], or ``out`` when the projection has no LoRA."""
+    return out if pair is None else torch.addmm(out, x @ pair[0], pair[1])
 
 
 def _views(weight: torch.Tensor, buffer: torch.Tensor) -> bool:

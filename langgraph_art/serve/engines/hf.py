@@ -7,7 +7,8 @@ and act as barriers, so a batch never sees an adapter change under it. Rows that
 once, so a long request does not keep short ones' memory busy.
 
 The forwards themselves run through ``FastLM`` (``fast.py``) for Llama-family models and through transformers
-otherwise (``steps.py``); an adapter is merged into the weights while its batches run (``adapters.py``).
+otherwise (``steps.py``); an adapter is merged into the weights while its batches run (``adapters.py``), or, on
+weights shared with a trainer in the same process (``share_weights``), added unmerged.
 """
 
 from __future__ import annotations
@@ -26,8 +27,15 @@ from typing import Any
 
 import torch
 
-from langgraph_art.errors import EngineNotReadyError, ModelNotFoundError
-from langgraph_art.models.loading import cache_argument, eos_token_ids, load_causal_lm
+from langgraph_art.errors import ConfigError, EngineNotReadyError, ModelNotFoundError
+from langgraph_art.models.loading import (
+    LARGE_MODEL_BYTES,
+    cache_argument,
+    eos_token_ids,
+    load_causal_lm,
+    weight_bytes,
+)
+from langgraph_art.models.lora import HookedLora, SharedBase
 from langgraph_art.serve.engines import sampling
 from langgraph_art.serve.engines.adapters import AdapterSet
 from langgraph_art.serve.engines.base import (
@@ -79,11 +87,20 @@ class _Row:
     top: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
+SHARE_MIN_BYTES = LARGE_MODEL_BYTES  # share_weights=None: models this large train on the engine's weights
+
+
 class HFEngine:
     """Serve a causal LM (hub id, folder or ``"tiny"``) and any number of peft LoRA adapters.
 
     ``fast_decode=False`` runs every forward through transformers; ``merge_adapters=False`` serves adapters
     through peft's LoRA layers (no copy of the targeted base weights in memory, slower forwards).
+
+    ``share_weights``: offer the model to a trainer in this process (``shared_base``), so engine and trainer hold
+    one copy of the weights; they take turns (``sleep``/``wake_up`` pause the worker between batches). Adapters
+    are then served unmerged (``FastLora`` or hooks). ``None`` (default): on for models of ``SHARE_MIN_BYTES``
+    and more, off for smaller ones, where the merged path's speed costs a copy of a few MB. Measured on the
+    0.5B-shaped model (benchmarks/memory.py): merged + a trainer's copy 2.44x the weights at peak, shared 1.4x.
     """
 
     def __init__(
@@ -97,16 +114,26 @@ class HFEngine:
         max_model_len: int | None = None,
         seed: int = 0,
         fast_decode: bool = True,
-        merge_adapters: bool = True,
+        merge_adapters: bool | None = None,
+        share_weights: bool | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
+        if share_weights and merge_adapters:
+            raise ConfigError(
+                "share_weights=True serves adapters unmerged (the trainer trains on the base weights); "
+                "drop merge_adapters=True, or set share_weights=False to merge"
+            )
         self.model_path = os.fspath(model)
         self.base_model = served_name or self.model_path
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len or 0
         self._device, self._dtype, self._seed = device, dtype, seed
-        self._fast_decode, self._merge_adapters = fast_decode, merge_adapters
+        self._fast_decode, self._merge_adapters, self._share = fast_decode, merge_adapters, share_weights
+        self._lora: HookedLora | None = None
+        self._awake = threading.Event()  # cleared while a trainer has its turn on the shared weights
+        self._awake.set()
+        self._turn = asyncio.Lock()
         self._lm: Any = None
         self._fast: FastLM | None = None
         self._tokenizer: Any = None
@@ -147,9 +174,53 @@ class HFEngine:
         self._rng = torch.Generator(device=self._lm.device).manual_seed(self._seed)
         self._cache_kwarg = cache_argument(self._lm)
         self._fast = FastLM.build(self._lm) if self._fast_decode else None
-        self._adapters = AdapterSet(self._lm, merge=self._merge_adapters)
+        if self._share is None:
+            self._share = self._merge_adapters is None and weight_bytes(self._lm) >= SHARE_MIN_BYTES
+        if self._share:
+            self._lora = HookedLora(self._lm)
+            prepare = self._fast.prepare_lora if self._fast is not None else None
+            self._adapters = AdapterSet(self._lm, lora=self._lora, prepare_fast=prepare)
+        else:
+            self._adapters = AdapterSet(self._lm, merge=self._merge_adapters is not False)
+
+    @property
+    def shared_base(self) -> SharedBase | None:
+        """The model, tokenizer and LoRA hooks a trainer in this process can train on (None unless shared)."""
+        if not self._ready or self._lora is None:
+            return None
+        return SharedBase(self._lm, self._tokenizer, self._lora)
+
+    @property
+    def can_sleep(self) -> bool:
+        """True when the weights are shared: the trainer's turn (``serve.publish.trainer_turn``) pauses the worker."""
+        return self._lora is not None
+
+    async def sleep(self) -> None:
+        """Pause the worker once the batches queued before this call have run; requests that arrive meanwhile wait
+        for ``wake_up``. The trainer steps on the shared weights in between."""
+        loop = asyncio.get_running_loop()
+        paused: asyncio.Future[None] = loop.create_future()
+
+        def pause() -> None:
+            loop.call_soon_threadsafe(_set_result, paused, None)
+            self._awake.wait()
+
+        await self._turn.acquire()  # one trainer at a time: they share the model (and its one active adapter)
+        self._awake.clear()
+        try:
+            await self._command(pause, wait=False)
+            await paused
+        except BaseException:
+            await self.wake_up()
+            raise
+
+    async def wake_up(self) -> None:
+        self._awake.set()
+        if self._turn.locked():
+            self._turn.release()
 
     async def close(self) -> None:
+        self._awake.set()
         with self._cv:
             self._closed = True
             pending = list(self._queue)
@@ -215,7 +286,9 @@ class HFEngine:
     def adapters(self) -> dict[str, str]:
         return self._adapters.folders()
 
-    async def _command(self, run: Callable[[], Any]) -> Any:
+    async def _command(self, run: Callable[[], Any], wait: bool = True) -> Any:
+        """Run ``run`` on the worker between batches (a barrier: nothing queued after it joins an earlier batch);
+        its result, or None at once when not ``wait``-ing."""
         if not self._ready or self._closed:
             raise EngineNotReadyError("the engine is not running (still loading, or closed)")
         loop = asyncio.get_running_loop()
@@ -223,7 +296,7 @@ class HFEngine:
         with self._cv:
             self._queue.append(command)
             self._cv.notify()
-        return await command.future
+        return await command.future if wait else None
 
     # -- worker thread ---------------------------------------------------------------------------------------
     def _work(self) -> None:
@@ -279,7 +352,7 @@ class HFEngine:
         with self._adapters.use(jobs[0].request.adapter) as policy:
             if self._fast is not None and policy.plain:
                 self._fast.relink(self._lm)
-                steps: Steps = FastSteps(self._fast, max(job.max_new for job in jobs))
+                steps: Steps = FastSteps(self._fast, max(job.max_new for job in jobs), policy.fast_lora)
             else:
                 steps = HFSteps(policy.model, self._cache_kwarg)
             self._decode(jobs, steps)

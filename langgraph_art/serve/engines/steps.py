@@ -3,7 +3,7 @@
 ``prefill`` feeds the batch's prompts (each distinct prompt once, see ``prefill.py``) and returns next-token
 logits for every row; ``decode`` feeds one sampled token per row; ``select`` keeps the rows still generating.
 ``HFSteps`` calls the transformers model (any architecture, and adapters peft serves unmerged); ``FastSteps``
-calls ``FastLM`` (Llama-family models with the base weights or a merged adapter).
+calls ``FastLM`` (Llama-family models with the base weights, a merged adapter or an unmerged ``FastLora``).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import torch
 
 from langgraph_art.models.loading import cache_of
-from langgraph_art.serve.engines.fast import FastCache, FastLM
+from langgraph_art.serve.engines.fast import FastCache, FastLM, FastLora
 from langgraph_art.serve.engines.prefill import Prefill
 
 
@@ -68,15 +68,15 @@ class HFSteps:
 
 
 class FastSteps:
-    def __init__(self, fast: FastLM, max_new: int) -> None:
-        self.fast, self.max_new = fast, max_new
+    def __init__(self, fast: FastLM, max_new: int, lora: FastLora | None = None) -> None:
+        self.fast, self.max_new, self.lora = fast, max_new, lora
         self.cache: FastCache | None = None
         self.next_pos = torch.empty(0)
 
     def prefill(self, batch: Prefill) -> torch.Tensor:
         rows, width = batch.input_ids.shape
         self.cache = cache = self.fast.new_cache(rows, width + min(self.max_new, 256))  # grows if needed
-        logits = self.fast.forward(batch.input_ids, batch.positions, batch.mask.bool(), cache)  # [U, V]
+        logits = self.fast.forward(batch.input_ids, batch.positions, batch.mask.bool(), cache, self.lora)  # [U, V]
         self.next_pos = batch.positions[:, -1:] + 1  # [U, 1]
         if batch.shared:
             index = torch.tensor(batch.source, device=logits.device)
@@ -87,7 +87,7 @@ class FastSteps:
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         assert self.cache is not None, "prefill first"
         valid = torch.ones_like(tokens, dtype=torch.bool).unsqueeze(-1)
-        logits = self.fast.forward(tokens.unsqueeze(-1), self.next_pos, valid, self.cache)
+        logits = self.fast.forward(tokens.unsqueeze(-1), self.next_pos, valid, self.cache, self.lora)
         self.next_pos = self.next_pos + 1
         return logits
 
