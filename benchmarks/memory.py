@@ -29,6 +29,13 @@ PROMPT = [{"role": "user", "content": "Write some numbers."}]
 
 
 def peak_mib() -> float:
+    """This process's peak RSS: ``VmHWM`` (Linux; starts afresh at exec), else ``ru_maxrss``, which Linux carries
+    over from the process that forked this one: a parent holding GBs would read as this one's peak."""
+    status = Path("/proc/self/status")
+    if status.is_file():
+        for line in status.read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
