@@ -86,8 +86,13 @@ async def test_a_non_plain_adapter_is_refused_on_shared_weights(
     with pytest.raises(AdapterError, match="share_weights=False"):
         await fast.load_adapter("dora@1", str(plain_adapters["dora"]))
     assert "dora@1" not in fast.adapters()
-    await fast.unload_adapter("b@1")  # its hooks go with it
-    assert fast._lora is not None and len(fast._lora.names()) == 1
+    hooks = shared["hooks"]
+    assert hooks._lora is not None and len(hooks._lora.names()) == 2
+    await hooks.unload_adapter("b@1")  # its hooks go with it
+    assert hooks._lora.names() == [hooks._adapters._names["a@1"].hooked]
+    assert fast._lora is not None and fast._lora.names() == []  # FastLM serves them: only the fused copy is kept
+    await fast.unload_adapter("b@1")
+    assert "b@1" not in fast.adapters()
     result = await fast.generate(GenerationRequest(prompts(fast)[1], SamplingParams(max_tokens=3), adapter="a@1"))
     assert len(result.samples[0].token_ids) == 3
 

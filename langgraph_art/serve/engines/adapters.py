@@ -94,9 +94,11 @@ class AdapterSet:
                     "embeddings ...): on weights shared with the trainer only plain LoRA is served; start the engine "
                     "with share_weights=False to serve it through peft"
                 )
-            adapter.hooked = f"served:{next(self._keys)}"
-            self._lora.add(adapter.hooked, factors)
-            adapter.fast_lora = self._prepare_fast(factors) if self._prepare_fast is not None else None
+            if self._prepare_fast is not None:  # FastLM runs every batch: its fused copy is all that is kept
+                adapter.fast_lora, adapter.factors = self._prepare_fast(factors), None
+            else:
+                adapter.hooked = f"served:{next(self._keys)}"
+                self._lora.add(adapter.hooked, factors)
         elif factors is None:
             adapter.peft_key = self._load_with_peft(name, folder)
         previous = self._names.get(name)
@@ -143,7 +145,7 @@ class AdapterSet:
             if adapter is None:
                 raise ModelNotFoundError(f"adapter {name!r} was unloaded before the request ran")
         if self._lora is not None:
-            with self._lora.active(adapter.hooked if adapter is not None else None):
+            with self._lora.active(adapter.hooked if adapter is not None else None):  # None: FastLora or base
                 yield Policy(self._lm, plain=True, fast_lora=adapter.fast_lora if adapter is not None else None)
             return
         if adapter is not None and adapter.peft_key is not None:

@@ -80,15 +80,16 @@ class _Layer:
     groups: tuple[tuple[nn.Linear, ...], ...]  # the projections of qkv, o, gate_up, down, in buffer column order
 
 
-_Pair = tuple[torch.Tensor, torch.Tensor] | None  # (A [in, R], B [R, out] with the scale in it), or no LoRA
+# (A [in, R]: the A factors of a fused projection's parts side by side, [(rows of A, columns of the output,
+# B [r, out_part] with the scale in it) per targeted part]), or None: no LoRA on that fused projection
+_Pair = tuple[torch.Tensor, list[tuple[slice, slice, torch.Tensor]]] | None
 
 
 @dataclass(frozen=True)
 class FastLora:
     """A LoRA adapter in FastLM's fused layout, served unmerged: per layer and fused projection (qkv, o, gate_up,
-    down) one ``(A, B)``: the A factors of its projections side by side and their B factors on a block diagonal,
-    so ``x @ W + (x @ A) @ B`` is the fused projection with each part's LoRA (two small matmuls per projection,
-    zeros where a projection is not targeted)."""
+    down) one matmul ``u = x @ A`` for all its parts, then each targeted part's ``u_part @ B_part`` added into its
+    columns of the fused output. No block-diagonal zeros: it holds the adapter's own size."""
 
     layers: list[tuple[_Pair, _Pair, _Pair, _Pair]]
 
@@ -154,14 +155,14 @@ class FastLM:
                     pairs.append(None)
                     continue
                 outs = [p.out_features for p in group]
-                a = torch.cat([f.a.t() for _, f in present], dim=1)  # [in, R]
-                b = a.new_zeros((a.shape[1], sum(outs)))  # [R, out]
-                row = 0
+                a = torch.cat([f.a.t() for _, f in present], dim=1).contiguous()  # [in, R]
+                parts, row = [], 0
                 for i, f in present:
                     rank, column = f.a.shape[0], sum(outs[:i])
-                    b[row : row + rank, column : column + outs[i]] = (f.b * f.scale).t()
+                    b = (f.b * f.scale).t().contiguous()  # [r, out_i]
+                    parts.append((slice(row, row + rank), slice(column, column + outs[i]), b))
                     row += rank
-                pairs.append((a.contiguous(), b))
+                pairs.append((a, parts))
             layers.append((pairs[0], pairs[1], pairs[2], pairs[3]))
         return FastLora(layers)
 
@@ -288,8 +289,15 @@ def _share(linears: list[nn.Linear]) -> torch.Tensor:
 
 
 def _add_lora(out: torch.Tensor, x: torch.Tensor, pair: _Pair) -> torch.Tensor:
-    """``out + (x @ A) @ B``: [N, in] -> [N, R] -> [N, out], or ``out`` when the projection has no LoRA."""
-    return out if pair is None else torch.addmm(out, x @ pair[0], pair[1])
+    """``out`` [N, out] plus each part's LoRA, in place: ``u = x @ A`` [N, in] -> [N, R], then ``u[:, rows] @ B``
+    [N, r] -> [N, out_part] into the part's columns. ``out`` unchanged when the projection has no LoRA."""
+    if pair is None:
+        return out
+    a, parts = pair
+    u = x @ a
+    for rows, columns, b in parts:
+        out[:, columns].addmm_(u[:, rows], b)
+    return out
 
 
 def _views(weight: torch.Tensor, buffer: torch.Tensor) -> bool:

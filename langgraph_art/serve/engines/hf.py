@@ -100,9 +100,9 @@ class HFEngine:
     one copy of the weights; they take turns (``sleep``/``wake_up`` pause the worker between batches). Adapters
     are then served unmerged (``FastLora`` or hooks). ``None`` (default): on for models of ``SHARE_MIN_BYTES``
     and more; off for smaller ones, whose own trainer copy costs a few MB and lets rollouts go on while the trainer
-    steps. Measured (benchmarks/README.md): on the 0.5B-shaped model 3 GRPO steps peak at 1.55x the weights shared,
-    3.49x with merged adapters and a trainer's copy; FastLora samples as fast as the merged weights (8.80 against
-    8.71 s per 8 x 32 tokens; hooks 9.57, peft's layers 9.95), so unmerged serving costs no speed.
+    steps. Measured (benchmarks/README.md): on the 0.5B-shaped model 3 GRPO steps peak at 1.53x the weights shared,
+    3.52x with merged adapters and a trainer's copy; FastLora samples as fast as the merged weights (8.88 against
+    9.38 s per 8 x 32 tokens; hooks 9.68, peft's layers 9.73), so unmerged serving costs no speed.
     """
 
     def __init__(
