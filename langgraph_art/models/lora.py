@@ -118,15 +118,19 @@ def read_plain_lora(model: nn.Module, folder: Path, dtype: torch.dtype | None = 
     return factors or None
 
 
-def base_linear(model: nn.Module, path: str) -> nn.Linear | None:
-    """The ``nn.Linear`` at ``path`` (under peft's wrapper when peft has wrapped it), or None."""
-    try:
-        module: Any = model.get_submodule(path)
-    except AttributeError:
-        return None
+def plain_linear(module: Any) -> nn.Linear | None:
+    """``module`` as a plain ``nn.Linear`` (the layer under peft's wrapper when peft has wrapped it), or None."""
     if hasattr(module, "get_base_layer"):
         module = module.get_base_layer()
     return module if type(module) is nn.Linear else None
+
+
+def base_linear(model: nn.Module, path: str) -> nn.Linear | None:
+    """The ``nn.Linear`` at ``path`` (under peft's wrapper when peft has wrapped it), or None."""
+    try:
+        return plain_linear(model.get_submodule(path))
+    except AttributeError:
+        return None
 
 
 class HookedLora:
@@ -159,9 +163,6 @@ class HookedLora:
     # -- adapters ----------------------------------------------------------------------------------------------
     def names(self) -> list[str]:
         return sorted(self._adapters)
-
-    def factors(self, name: str) -> dict[str, Factor]:
-        return self._adapters[name]
 
     def add(self, name: str, factors: dict[str, Factor]) -> None:
         unknown = [path for path in factors if path not in self.layers]

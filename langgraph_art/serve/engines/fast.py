@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from langgraph_art.models.loading import release_file_pages
+from langgraph_art.models.lora import plain_linear
 
 log = logging.getLogger(__name__)
 
@@ -268,9 +269,9 @@ def unsupported(lm: Any) -> str | None:
 
 def _linear(module: Any) -> nn.Linear:
     """The plain ``nn.Linear`` under a peft wrapper (or the module itself)."""
-    base = module.get_base_layer() if hasattr(module, "get_base_layer") else module
-    if type(base) is not nn.Linear:
-        raise TypeError(f"expected an nn.Linear projection, got {type(base).__name__}")
+    base = plain_linear(module)
+    if base is None:
+        raise TypeError(f"expected an nn.Linear projection, got {type(module).__name__}")
     return base
 
 
