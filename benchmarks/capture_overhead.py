@@ -2,7 +2,10 @@
 LangChain's own callback dispatch) and Langfuse's CallbackHandler pointed at a local sink, on the same graph in the
 same run.
 
-    OMP_NUM_THREADS=1 python benchmarks/capture_overhead.py [--runs 200] [--loops 4]
+    OMP_NUM_THREADS=1 python benchmarks/capture_overhead.py [--runs 200] [--loops 4] [--long 100,3000]
+
+``--long``: one long run instead (a loop of N node steps, each calling a scripted chat model that returns 32
+tokens with logprobs, as ChatOpenAI reports them), garbage collector on: the per-event cost must not grow with N.
 
 The graph is a tool-calling agent loop (model node -> ToolNode -> model ...) driven by a fake chat model, so the
 numbers are callback overhead, not inference. per-event cost = (time with handler - time without) / events.
@@ -19,12 +22,14 @@ import statistics
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, TypedDict
 
 from langchain_core.callbacks import BaseCallbackHandler
-from langchain_core.language_models import GenericFakeChatModel
-from langchain_core.messages import AIMessage
+from langchain_core.language_models import BaseChatModel, GenericFakeChatModel
+from langchain_core.messages import AIMessage, HumanMessage
+from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.tools import tool
+from langgraph.graph import END, START, StateGraph
 
 from langgraph_art.capture.callbacks import TrajectoryCallbackHandler
 from langgraph_art.demo import tool_loop
@@ -115,11 +120,81 @@ def time_interleaved(graph: Any, runs: int, variants: dict[str, Any]) -> dict[st
     return {name: statistics.median(values) for name, values in times.items()}
 
 
+class Scripted(BaseChatModel):
+    """32 tokens with their logprobs, fresh objects every call (as ChatOpenAI returns them)."""
+
+    def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
+        content = [
+            {"token": "t", "logprob": -0.5, "bytes": [116], "top_logprobs": [], "token_id": i} for i in range(32)
+        ]
+        message = AIMessage("t" * 32, response_metadata={"logprobs": {"content": content}, "finish_reason": "stop"})
+        return ChatResult(generations=[ChatGeneration(message=message)])
+
+    @property
+    def _llm_type(self) -> str:
+        return "scripted"
+
+
+class Count(TypedDict):
+    count: int
+
+
+def long_graph(steps: int) -> Any:
+    llm = Scripted()
+
+    def step(state: Count) -> dict:
+        llm.invoke([HumanMessage("go")])
+        return {"count": state["count"] + 1}
+
+    graph = StateGraph(Count)
+    graph.add_node("step", step)
+    graph.add_edge(START, "step")
+    graph.add_conditional_edges("step", lambda s: END if s["count"] >= steps else "step")
+    return graph.compile().with_config(recursion_limit=steps + 10)
+
+
+def long_runs(lengths: list[int], repeats: int = 5) -> None:
+    """Per-event cost in one run of each length, GC on; assembly (reading ``.trajectories``) timed apart."""
+    print("| steps in the run | events | do-nothing µs/event | ours µs/event | x floor | assembly ms |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    per_event: dict[int, float] = {}
+    for steps in lengths:
+        graph = long_graph(steps)
+        counter = Counter()
+        graph.invoke({"count": 0}, {"callbacks": [counter]})
+        best: dict[str, float] = {}
+        assembly = float("inf")
+        for _ in range(repeats):
+            for name, make in (
+                ("none", list),
+                ("floor", lambda: [DoNothing()]),
+                ("ours", lambda: [TrajectoryCallbackHandler()]),
+            ):
+                callbacks = make()
+                gc.collect()
+                start = time.perf_counter()
+                graph.invoke({"count": 0}, {"callbacks": callbacks})
+                best[name] = min(best.get(name, float("inf")), time.perf_counter() - start)
+                if name == "ours":
+                    start = time.perf_counter()
+                    assert callbacks[0].trajectories
+                    assembly = min(assembly, time.perf_counter() - start)
+        floor = (best["floor"] - best["none"]) / counter.events * 1e6
+        ours = per_event[steps] = (best["ours"] - best["none"]) / counter.events * 1e6
+        print(f"| {steps} | {counter.events} | {floor:.1f} | {ours:.1f} | {ours / floor:.1f} | {assembly * 1e3:.0f} |")
+    first, last = per_event[lengths[0]], per_event[lengths[-1]]
+    print(f"ours at {lengths[-1]} steps / at {lengths[0]} steps: {last / first:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--loops", type=int, default=4, help="tool calls per run")
+    parser.add_argument("--long", default="", help="run lengths for one long run each, e.g. 100,3000")
     args = parser.parse_args()
+    if args.long:
+        long_runs([int(x) for x in args.long.split(",")])
+        return
     graph = build_graph(args.loops)
     counter = Counter()
     graph.invoke({"messages": [("user", "go")]}, {"callbacks": [counter]})

@@ -39,30 +39,32 @@ N, NEW_TOKENS = 8, 32
 LR = 1e-2
 
 
-def reward(text: str, noise: random.Random) -> float:
-    """Share of digits, plus a small random term so that no group has all-equal rewards: the policy soon writes
-    the same completion 8 times (lr 1e-2), and with equal rewards our trainer rightly skips the update while TRL
-    still runs it. Both get the same function (and their own generator), so both train every step."""
+def reward(text: str, noise: random.Random | None = None) -> float:
+    """Share of digits; the timing comparison adds a small random term so that no group has all-equal rewards
+    (at lr 1e-2 the policy soon writes one completion 8 times, and with equal rewards our trainer rightly skips
+    the update while TRL still runs it: both must train every step to compare step times). The learning
+    comparison (``--learning``) uses the plain share."""
     chars = "".join(text.split())
     share = sum(c.isdigit() for c in chars) / len(chars) if chars else 0.0
-    return share + 0.01 * noise.random()
+    return share + (0.01 * noise.random() if noise is not None else 0.0)
 
 
 class Ours:
     """Our engine samples the group in process, our GRPOTrainer takes the step."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, lr: float = LR, seed: int = 0, noise: bool = True) -> None:
         self.engine = HFEngine(path, max_batch_size=N)
-        self.trainer = GRPOTrainer(
-            path, GRPOConfig(learning_rate=LR, per_device_train_batch_size=N), checkpoint_dir=tempfile.mkdtemp()
-        )
+        config = GRPOConfig(learning_rate=lr, per_device_train_batch_size=N, seed=seed)
+        self.trainer = GRPOTrainer(path, config, checkpoint_dir=tempfile.mkdtemp())
+        self.seed = seed
         self.loop = asyncio.new_event_loop()
         self.loop.run_until_complete(self.engine.start())
         self.prompt = list(
             self.engine.tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, return_dict=False)
         )
         self.steps = 0
-        self.noise = random.Random(0)
+        self.noise = random.Random(seed) if noise else None
+        self.rewards: list[float] = []  # per step: the group's mean reward
         self.adapter: str | None = None  # the policy: base model until the first update
         self.sequences: list[list[int]] = []
         self.sampled_tokens: list[int] = []  # per step: the table's tok/s assume N x NEW_TOKENS, checked below
@@ -71,7 +73,10 @@ class Ours:
     def step(self) -> tuple[float, float, float]:
         """Seconds of the whole step, of its training part and of the checkpoint + hot reload."""
         started = time.perf_counter()
-        params = SamplingParams(temperature=1.0, max_tokens=NEW_TOKENS, n=N, seed=self.steps)
+        # choice i samples with seed + i: each step takes its own block of N seeds (seed=step would give
+        # consecutive steps 7 of 8 random streams in common, and a skipped step the same samples again)
+        seed = (self.seed * 100_000 + self.steps) * N
+        params = SamplingParams(temperature=1.0, max_tokens=NEW_TOKENS, n=N, seed=seed)
         request = GenerationRequest(self.prompt, params, adapter=self.adapter)
         result = self.loop.run_until_complete(self.engine.generate(request))
         runs = []
@@ -86,6 +91,7 @@ class Ours:
             )
             spans = [NodeSpan(id=turn.id, name="agent", turns=[turn])]
             runs.append(Trajectory(id=turn.id, status="ok", reward=reward(sample.text, self.noise), spans=spans))
+        self.rewards.append(statistics.fmean(r.reward or 0.0 for r in runs))
         train_start = time.perf_counter()
         updated = self.trainer.step([TrajectoryGroup(id=str(self.steps), trajectories=runs)]).updated
         reload_start = time.perf_counter()
@@ -145,7 +151,6 @@ def interleaved(path: str, steps: int) -> dict[str, list[float]]:
     from datasets import Dataset
     from peft import LoraConfig
     from transformers import TrainerCallback
-    from trl import GRPOConfig as TRLConfig
     from trl import GRPOTrainer as TRLTrainer
 
     ours, floor = Ours(path), Bare(path)
@@ -168,26 +173,8 @@ def interleaved(path: str, steps: int) -> dict[str, list[float]]:
     def rewards(completions: list[Any], **_: Any) -> list[float]:
         return [reward(c[0]["content"] if isinstance(c, list) else c, noise) for c in completions]
 
-    args = TRLConfig(
-        output_dir=tempfile.mkdtemp(),
-        use_cpu=True,
-        use_vllm=False,
-        bf16=False,
-        gradient_checkpointing=False,
-        per_device_train_batch_size=N,
-        num_generations=N,
-        max_completion_length=NEW_TOKENS,
-        learning_rate=LR,
-        beta=0.0,
-        loss_type="grpo",
-        report_to="none",
-        max_steps=steps,
-        save_strategy="no",
-        logging_steps=1000,
-        temperature=1.0,
-        disable_tqdm=True,
-        seed=0,
-    )
+    args = trl_args(steps, LR, 0)
+    args.logging_steps = 1000
     data = Dataset.from_list([{"prompt": PROMPT}] * (steps * N))
     trainer = TRLTrainer(
         model=path,
@@ -204,13 +191,103 @@ def interleaved(path: str, steps: int) -> dict[str, list[float]]:
     return times
 
 
+THRESHOLD = 0.5
+
+
+def trl_args(steps: int, lr: float, seed: int) -> Any:
+    from trl import GRPOConfig as TRLConfig
+
+    return TRLConfig(
+        output_dir=tempfile.mkdtemp(),
+        use_cpu=True,
+        use_vllm=False,
+        bf16=False,
+        gradient_checkpointing=False,
+        per_device_train_batch_size=N,
+        num_generations=N,
+        max_completion_length=NEW_TOKENS,
+        learning_rate=lr,
+        beta=0.0,
+        loss_type="grpo",
+        report_to="none",
+        max_steps=steps,
+        save_strategy="no",
+        logging_steps=1,
+        temperature=1.0,
+        disable_tqdm=True,
+        seed=seed,
+    )
+
+
+def learning_curves(path: str, who: str, seed: int, steps: int, lr: float) -> list[float]:
+    """The group's mean reward (plain digit share) at each step of one run."""
+    if who == "ours":
+        ours = Ours(path, lr=lr, seed=seed, noise=False)
+        for _ in range(steps):
+            ours.step()
+        ours.close()
+        return ours.rewards
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import TrainerCallback
+    from trl import GRPOTrainer as TRLTrainer
+
+    curve: list[float] = []
+
+    class Rewards(TrainerCallback):
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kwargs: Any) -> None:
+            if logs and "reward" in logs:
+                curve.append(float(logs["reward"]))
+
+    def rewards(completions: list[Any], **_: Any) -> list[float]:
+        return [reward(c[0]["content"] if isinstance(c, list) else c) for c in completions]
+
+    trainer = TRLTrainer(
+        model=path,
+        reward_funcs=[rewards],
+        args=trl_args(steps, lr, seed),
+        train_dataset=Dataset.from_list([{"prompt": PROMPT}] * (steps * N)),
+        peft_config=LoraConfig(r=8, lora_alpha=16, target_modules="all-linear"),
+        callbacks=[Rewards()],
+    )
+    trainer.train()
+    return curve
+
+
+def compare_learning(models: list[str], seeds: int, steps: int, lr: float) -> None:
+    """Steps to a mean group reward of THRESHOLD over ``seeds`` runs each, same hyper-parameters for both."""
+    print(f"digits task without the noise term, lr {lr}, {steps} steps, seeds 0..{seeds - 1}, threshold {THRESHOLD}")
+    print("| model | who | runs that reached it | median steps to it | mean reward, last 10 steps (median run) |")
+    print("|---|---|---:|---:|---:|")
+    for name in models:
+        path = resolve_model(name)
+        for who in ("ours", "TRL"):
+            reached, finals = [], []
+            for seed in range(seeds):
+                curve = learning_curves(path, who.lower() if who == "ours" else "trl", seed, steps, lr)
+                hit = next((i + 1 for i, r in enumerate(curve) if r >= THRESHOLD), None)
+                if hit is not None:
+                    reached.append(hit)
+                finals.append(statistics.fmean(curve[-10:]))
+                print(f"  {name} {who} seed {seed}: steps to {THRESHOLD}: {hit}; last 10 {finals[-1]:.2f}", flush=True)
+            median = f"{statistics.median(reached):.0f}" if reached else "-"
+            print(f"| {name} | {who} | {len(reached)} of {seeds} | {median} | {statistics.median(finals):.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--models", default="tiny,tiny-5m")
+    parser.add_argument("--learning", action="store_true", help="compare learning (steps to a reward) instead")
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--learning-steps", type=int, default=60)
+    parser.add_argument("--learning-lr", type=float, default=5e-3)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    if args.learning:
+        compare_learning(args.models.split(","), args.seeds, args.learning_steps, args.learning_lr)
+        return
     rows = []
     for name in args.models.split(","):
         times = interleaved(resolve_model(name), args.warmup + args.steps)

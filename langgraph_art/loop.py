@@ -2,6 +2,10 @@
 
 Each step gathers ``num_generations`` runs of the next scenarios with the current policy, stores them, scores
 them, trains one LoRA update and serves the new checkpoint as ``project/name@step``; the next step's runs use it.
+With ``max_steps_off_policy=N`` (N >= 1) the rollouts run up to N steps ahead of training: step k+1's runs sample
+with the policy of step k-1 while step k trains, so the engine does not idle during the update. Each turn records
+the policy step it was sampled with, the loss's importance ratio is against the sampler's own logprobs (which
+corrects the lag), and each step reports how stale its runs were (``off_policy/steps_mean``, ``_max``).
 Metrics go to ``<home>/<project>/runs/<name>/metrics.jsonl`` (one line per step) and the reward curve to
 ``reward_curve.png`` beside it. With Langfuse configured (``LANGFUSE_*`` variables or ``langfuse=True``), each
 step's runs, rewards and metrics are exported in the background (``sinks.py``; the integration is
@@ -24,7 +28,7 @@ from langchain_core.runnables import Runnable
 from langgraph_art.backends.base import Backend
 from langgraph_art.capture.rollout import agather_groups, check_scenarios
 from langgraph_art.config import GRPOConfig
-from langgraph_art.errors import ConfigError
+from langgraph_art.errors import ConfigError, TrainingAborted
 from langgraph_art.model import TrainableModel
 from langgraph_art.progress import ProgressBar
 from langgraph_art.rewards.combine import ascore_groups
@@ -48,10 +52,21 @@ class Trainer:
         config: GRPOConfig | None = None,
         scenarios_per_step: int = 1,
         max_concurrency: int = 8,
+        max_steps_off_policy: int = 0,
         langfuse: Any = None,
     ) -> None:
-        """``langfuse``: None exports to Langfuse when ``LANGFUSE_PUBLIC_KEY``/``LANGFUSE_SECRET_KEY`` are set,
-        True requires it, False never; or pass your own ``LangfuseExporter``."""
+        """``max_steps_off_policy``: how many steps the rollouts may run ahead of training (0: sample, then train,
+        then sample; see the module docstring). ``langfuse``: None exports to Langfuse when
+        ``LANGFUSE_PUBLIC_KEY``/``LANGFUSE_SECRET_KEY`` are set, True requires it, False never; or pass your own
+        ``LangfuseExporter``."""
+        if (
+            isinstance(max_steps_off_policy, bool)
+            or not isinstance(max_steps_off_policy, int)
+            or max_steps_off_policy < 0
+        ):
+            raise ConfigError(
+                f"max_steps_off_policy must be an int >= 0 (0: synchronous), got {max_steps_off_policy!r}"
+            )
         if not rewards:
             raise ConfigError("Trainer needs at least one reward: rewards=[my_reward_fn, art.RulerJudge(...)]")
         if not isinstance(model.backend, Backend):
@@ -62,6 +77,7 @@ class Trainer:
         self.graph, self.model, self.rewards = graph, model, list(rewards)
         self.config = (config or GRPOConfig()).model_copy(update={"num_generations": num_generations})
         self.scenarios_per_step, self.max_concurrency = scenarios_per_step, max_concurrency
+        self.max_steps_off_policy = max_steps_off_policy
         self.backend: Backend = model.backend
         self.store = self.backend.store(model)
         self.run_id = uuid.uuid4().hex[:12]
@@ -101,13 +117,36 @@ class Trainer:
         cycle = itertools.cycle(scenarios)
         try:
             with ProgressBar("training", steps, progress) as bar:
-                for _ in range(steps):
-                    m = await self.atrain_step([next(cycle) for _ in range(self.scenarios_per_step)])
-                    bar.advance(f"reward {m['reward/mean']:.3f} ± {m['reward/std']:.3f}  step {m['time/step_s']:.2f}s")
+                await self._pipeline(lambda: [next(cycle) for _ in range(self.scenarios_per_step)], steps, bar)
         finally:
             await asyncio.to_thread(self.flush_exports)
         await asyncio.to_thread(self.plot)
         return self.history
+
+    async def _pipeline(self, next_batch: Any, steps: int, bar: ProgressBar) -> None:
+        """Rollouts in order, each step's learning (rewards, update, checkpoint) in a task after the previous one;
+        rollout i waits until at most ``max_steps_off_policy`` steps are still untrained."""
+        learning: list[asyncio.Task[dict[str, float]]] = []
+        done = 0
+        try:
+            for i in range(steps):
+                while i - done > self.max_steps_off_policy:
+                    self._advance(bar, await learning[done])
+                    done += 1
+                rollout = await self._rollout(next_batch())
+                previous = learning[-1] if learning else None
+                learning.append(asyncio.create_task(self._learn_after(previous, *rollout)))
+            while done < steps:
+                self._advance(bar, await learning[done])
+                done += 1
+        finally:  # an error or a cancel: the steps already training finish (their checkpoints are atomic)
+            pending = [task for task in learning if not task.done()]
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+
+    @staticmethod
+    def _advance(bar: ProgressBar, m: dict[str, float]) -> None:
+        bar.advance(f"reward {m['reward/mean']:.3f} ± {m['reward/std']:.3f}  step {m['time/step_s']:.2f}s")
 
     def flush_exports(self, timeout: float = 30.0) -> None:
         """Wait (bounded) for the background Langfuse export; say what did not arrive and how to send it."""
@@ -120,6 +159,10 @@ class Trainer:
 
     async def atrain_step(self, scenarios: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         """Async ``train_step``."""
+        return await self._learn(*await self._rollout(scenarios))
+
+    async def _rollout(self, scenarios: Sequence[Mapping[str, Any]]) -> tuple[list[Any], int, float, float, float]:
+        """The step's runs, each stored as it finishes: (groups, policy step, started, wall clock, rollout s)."""
         started, wall = time.perf_counter(), time.time()
         policy_step = await asyncio.to_thread(self.backend.current_step, self.model)
         groups = await agather_groups(
@@ -132,8 +175,26 @@ class Trainer:
             progress=False,
             metadata={"policy_step": policy_step, "training_run": self.run_id},
         )
-        rollout_s = time.perf_counter() - started
+        return groups, policy_step, started, wall, time.perf_counter() - started
+
+    async def _learn_after(self, previous: asyncio.Task[Any] | None, *rollout: Any) -> dict[str, float]:
+        """``_learn`` once the step before has learned; if that one failed, this step's groups are stored unscored
+        and its error is raised here too (the runs themselves were stored as they finished)."""
+        if previous is not None:
+            await asyncio.wait([previous])
+            if previous.cancelled() or previous.exception() is not None:
+                for group in rollout[0]:
+                    await asyncio.to_thread(self.store.add_group, group)
+                raise TrainingAborted("an earlier step failed; this step's runs are stored, not trained on")
+        return await self._learn(*rollout)
+
+    async def _learn(
+        self, groups: list[Any], policy_step: int, started: float, wall: float, rollout_s: float
+    ) -> dict[str, float]:
+        """Rewards, one update, checkpoint, metrics (the step's time counts from its rollout's start)."""
+        learn_started = time.perf_counter()
         report = await ascore_groups(groups, self.rewards)
+        trained_on = await asyncio.to_thread(self.backend.current_step, self.model)
         try:
             result = await asyncio.to_thread(self.backend.train_step, self.model, groups, self.config)
             for t in (t for g in groups for t in g.trajectories if t.id in result.advantages):
@@ -142,6 +203,8 @@ class Trainer:
             for group in groups:
                 await asyncio.to_thread(self.store.add_group, group)
         scored = dict(report.metrics)
+        lags = [trained_on - turn.policy_step for g in groups for t in g.trajectories for turn in t.turns()
+                if turn.policy_step is not None]  # fmt: skip
         metrics = {
             "step": float(result.step),
             "policy_step": float(policy_step),
@@ -149,7 +212,10 @@ class Trainer:
             "reward/std": scored.pop("reward/total_std", float("nan")),
             "runs/failed": float(sum(len(g.failed) for g in groups)),
             "time/rollout_s": rollout_s,
+            "time/learn_s": time.perf_counter() - learn_started,
             "time/step_s": time.perf_counter() - started,
+            "off_policy/steps_mean": sum(lags) / len(lags) if lags else 0.0,
+            "off_policy/steps_max": float(max(lags, default=0)),
             "train/updated": float(result.updated),
             **scored,
             **result.metrics,

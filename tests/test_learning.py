@@ -28,8 +28,9 @@ def test_digits_task_learns_end_to_end(tmp_path: Path) -> None:
         history = trainer.train(scenarios, steps=60, progress=False)
 
         rewards = [m["reward/mean"] for m in history]
-        assert statistics.fmean(rewards[:5]) < 0.1, rewards
-        assert statistics.fmean(rewards[-10:]) > 0.5, rewards
+        assert rewards[0] < 0.1, rewards  # the untrained policy rarely writes a digit (how fast it learns varies
+        assert statistics.fmean(rewards[-10:]) > 0.5, rewards  # with the engine's sampling order: 5 to 20 steps)
+        assert statistics.fmean(rewards[-10:]) > statistics.fmean(rewards[:5]) + 0.3, rewards
         # each step's runs used the checkpoint of the previous update (a step whose group had all-equal rewards
         # teaches nothing: no update, no new checkpoint)
         updates = 0

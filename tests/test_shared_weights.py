@@ -151,8 +151,9 @@ def test_the_digits_task_learns_on_shared_weights(tmp_path: Path) -> None:
         with backend.policies("tiny").lease("shared", "digits") as live:
             assert live.shares_weights and live.model is engine._lm
         rewards = [m["reward/mean"] for m in history]
-        assert statistics.fmean(rewards[:5]) < 0.1, rewards
+        assert rewards[0] < 0.1, rewards  # the untrained policy; how soon it learns varies with sampling order
         assert statistics.fmean(rewards[-10:]) > 0.5, rewards
+        assert statistics.fmean(rewards[-10:]) > statistics.fmean(rewards[:5]) + 0.3, rewards
         trained = [m for m in history if m.get("train/updated")]
         assert len(trained) >= 4
         gaps = [m["train/sampler_logprob_gap"] for m in trained]

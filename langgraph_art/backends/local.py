@@ -169,7 +169,10 @@ class LocalBackend:
             self._serve(model, step, checkpoint.step_dir(self.checkpoint_dir(model), step))
 
     def chat_model_settings(self, model: TrainableModel) -> dict[str, Any]:
-        return {"base_url": self.server(model.base_model).base_url, "api_key": "unused"}
+        """Where ``ChatART`` reaches the policy: the embedded server's URL, and clients that hand requests to its
+        app in this process (same HTTP semantics, no sockets; ``serve/inprocess.py``)."""
+        server = self.server(model.base_model)
+        return {"base_url": server.base_url, "api_key": "unused", **server.in_process_clients()}
 
     def store(self, model: TrainableModel) -> TrajectoryStore:
         return TrajectoryStore.for_project(model.project, self.home)

@@ -12,10 +12,9 @@ from typing import Any
 from uuid import UUID
 
 from langchain_core.messages import BaseMessage
-from langchain_core.outputs import LLMResult
 
 from langgraph_art.capture.messages import to_jsonable, to_openai_messages
-from langgraph_art.capture.recorder import build_turns
+from langgraph_art.capture.recorder import Choice, build_turns
 from langgraph_art.types import NodeSpan, ToolCallRecord, Trajectory, TrajectoryStatus, Turn
 
 
@@ -30,13 +29,13 @@ class CallRecord:
     start: float
     trainable: bool
     end: float | None = None
-    response: LLMResult | None = None
+    choices: list[Choice] | None = None  # set when the call ended (compact: see recorder.Choice)
     error: str | None = None
 
     def build(self, cache: dict[int, Any]) -> list[Turn]:
         messages = to_openai_messages(self.messages, cache)
-        if self.response is not None:
-            return build_turns(messages=messages, invocation=self.invocation, cache=cache, result=self.response,
+        if self.choices is not None:
+            return build_turns(messages=messages, invocation=self.invocation, choices=self.choices,
                                metadata=self.metadata, start_time=self.start, end_time=self.end or self.start,
                                trainable=self.trainable, run_id=self.run_id)  # fmt: skip
         return [

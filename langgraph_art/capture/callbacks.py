@@ -26,7 +26,7 @@ from langchain_core.messages import BaseMessage
 from langchain_core.outputs import LLMResult
 
 from langgraph_art.capture.assembly import CallRecord, RunRecord, SpanRecord, ToolRecord, assemble
-from langgraph_art.capture.recorder import ART_LLM_TYPE, TurnRecorder, call_id_of
+from langgraph_art.capture.recorder import ART_LLM_TYPE, TurnRecorder, call_id_of, choices_of
 from langgraph_art.types import NodeSpan, Trajectory, Turn
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ class TrajectoryCallbackHandler(BaseCallbackHandler):
 
     @_guarded
     def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        run = self._runs.pop(run_id, None)
+        run = self._untrack(run_id)
         if run is None:
             return
         if run.span is not None and run.span.id == str(run_id):
@@ -154,7 +154,7 @@ class TrajectoryCallbackHandler(BaseCallbackHandler):
 
     @_guarded
     def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        run = self._runs.pop(run_id, None)
+        run = self._untrack(run_id)
         if run is None:
             return
         if run.span is not None and run.span.id == str(run_id):
@@ -176,6 +176,15 @@ class TrajectoryCallbackHandler(BaseCallbackHandler):
     def _track(self, run_id: UUID, run: _Run) -> None:
         self._runs[run_id] = run
         self._active[run.root].runs.add(run_id)
+
+    def _untrack(self, run_id: UUID) -> _Run | None:
+        """A run ended: forget it (its root keeps only the runs still open, for the cancelled-run sweep)."""
+        run = self._runs.pop(run_id, None)
+        if run is not None and run.root != run_id:
+            root = self._active.get(run.root)
+            if root is not None:
+                root.runs.discard(run_id)
+        return run
 
     def _finish_root(self, run_id: UUID, outputs: Any, error: BaseException | None) -> None:
         run = self._active.pop(run_id)
@@ -214,10 +223,10 @@ class TrajectoryCallbackHandler(BaseCallbackHandler):
     @_guarded
     def on_llm_end(self, response: LLMResult, *, run_id: UUID, **kwargs: Any) -> None:
         call = self._calls.pop(run_id, None)
-        run = self._runs.pop(run_id, None)
+        run = self._untrack(run_id)
         if call is None or run is None:
             return
-        call.end, call.response = time.time(), response
+        call.end, call.choices = time.time(), choices_of(response, call.invocation)  # not the response: see Choice
         if self.recorders:
             call_id = call_id_of(response)
             for recorder in self.recorders:
@@ -229,7 +238,7 @@ class TrajectoryCallbackHandler(BaseCallbackHandler):
     @_guarded
     def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         call = self._calls.pop(run_id, None)
-        run = self._runs.pop(run_id, None)
+        run = self._untrack(run_id)
         if call is None or run is None:
             return
         call.end, call.error = time.time(), f"{type(error).__name__}: {error}"
@@ -260,14 +269,14 @@ class TrajectoryCallbackHandler(BaseCallbackHandler):
 
     @_guarded
     def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
-        self._runs.pop(run_id, None)
+        self._untrack(run_id)
         record = self._tools.pop(run_id, None)
         if record is not None:
             record.end, record.output = time.time(), output
 
     @_guarded
     def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        self._runs.pop(run_id, None)
+        self._untrack(run_id)
         record = self._tools.pop(run_id, None)
         if record is not None:
             record.end, record.error = time.time(), f"{type(error).__name__}: {error}"

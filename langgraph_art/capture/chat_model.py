@@ -21,7 +21,14 @@ from pydantic import Field, model_validator
 
 from langgraph_art.capture.http import loop_safe_async_client
 from langgraph_art.capture.messages import to_openai_messages
-from langgraph_art.capture.recorder import ART_LLM_TYPE, TurnRecorder, build_turns, call_id_of, policy_step
+from langgraph_art.capture.recorder import (
+    ART_LLM_TYPE,
+    TurnRecorder,
+    build_turns,
+    call_id_of,
+    choices_of,
+    policy_step,
+)
 from langgraph_art.errors import ConfigError
 from langgraph_art.types import ModelRef
 
@@ -59,6 +66,11 @@ class ChatART(ChatOpenAI):
             values.pop("model_name", None)
             served = settings()
             values["model"] = served["model"]
+            own_url = values.get("base_url") or values.get("openai_api_base")
+            if not own_url or own_url == served["base_url"]:  # a server in this process: no sockets (inprocess.py)
+                for key in ("http_client", "http_async_client"):
+                    if served.get(key) is not None and not values.get(key):
+                        values[key] = served[key]
             values.setdefault("base_url", served["base_url"])
             values.setdefault("api_key", served.get("api_key") or "unused")
             if served.get("recorder") is not None:
@@ -218,7 +230,6 @@ class ChatART(ChatOpenAI):
             build = functools.partial(
                 build_turns,
                 invocation=invocation,
-                result=result,
                 metadata=metadata,
                 start_time=start,
                 end_time=end,
@@ -226,7 +237,10 @@ class ChatART(ChatOpenAI):
                 run_id=run_id,
             )
             self.recorder.record(
-                call_id_of(result), metadata, start, lambda: build(messages=to_openai_messages(messages))
+                call_id_of(result),
+                metadata,
+                start,
+                lambda: build(messages=to_openai_messages(messages), choices=choices_of(result, invocation)),
             )
         except Exception:
             log.exception("ChatART could not record a call (the call itself succeeded)")

@@ -18,13 +18,13 @@ from typing import Any
 import openai
 
 
-def _httpx_of_openai() -> Any:
+def openai_httpx() -> Any:
     """The httpx flavour the installed openai SDK is built on (``httpx2`` for openai>=3, ``httpx`` before)."""
     client = next(c for c in openai.DefaultAsyncHttpxClient.__mro__ if c.__name__ == "AsyncClient")
     return importlib.import_module(client.__module__.split(".")[0])
 
 
-_httpx = _httpx_of_openai()
+_httpx = openai_httpx()
 
 
 class LoopLocalTransport(_httpx.AsyncBaseTransport):  # type: ignore[name-defined]

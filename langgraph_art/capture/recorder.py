@@ -11,6 +11,7 @@ import math
 import threading
 import time
 import uuid
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,22 +78,26 @@ def call_id_of(result: LLMResult) -> str | None:
     return None
 
 
-def build_turns(
-    *,
-    messages: list[dict[str, Any]],
-    invocation: dict[str, Any],
-    cache: dict[int, dict[str, Any]] | None = None,
-    result: LLMResult,
-    metadata: dict[str, Any],
-    start_time: float,
-    end_time: float,
-    trainable: bool,
-    run_id: str | None,
-) -> list[Turn]:
-    """One ``Turn`` per returned choice of one chat-model call."""
-    turns = []
-    generations = result.generations[0] if result.generations else []
-    for index, generation in enumerate(generations):
+@dataclass(slots=True)
+class Choice:
+    """What training keeps of one returned choice, taken from the LLMResult when the call ends. Token ids and
+    logprobs are arrays (no per-token Python objects), and nothing refers back to the response: a handler that
+    held every call's LLMResult (32 logprob dicts per 32-token answer) until its run ended made each garbage
+    collection scan more live objects, so the per-event cost grew with the run's length."""
+
+    output: dict[str, Any]
+    token_ids: array  # 'q'; empty when the server sent no token ids
+    logprobs: array  # 'd', one per token id
+    prompt_token_ids: list[int] | None
+    finish_reason: str | None
+    model: str | None
+    call_id: str | None
+
+
+def choices_of(result: LLMResult, invocation: dict[str, Any]) -> list[Choice]:
+    """The chat choices of a call's result, compact (see ``Choice``)."""
+    out = []
+    for generation in result.generations[0] if result.generations else []:
         if not isinstance(generation, ChatGeneration):
             continue
         entries = _logprob_entries(generation)
@@ -101,6 +106,36 @@ def build_turns(
         info = generation.generation_info or {}
         meta = generation.message.response_metadata
         model = meta.get("model_name") or (result.llm_output or {}).get("model_name") or invocation.get("model")
+        prompt_ids = info.get("prompt_token_ids")
+        out.append(
+            Choice(
+                output=to_openai_message(generation.message),
+                token_ids=array("q", ids if has_ids else ()),
+                logprobs=array("d", (float(e["logprob"]) for e in entries) if has_ids else ()),
+                prompt_token_ids=list(prompt_ids) if prompt_ids is not None else None,
+                finish_reason=info.get("finish_reason") or meta.get("finish_reason"),
+                model=model,
+                call_id=_call_id(generation, result.llm_output),
+            )
+        )
+    return out
+
+
+def build_turns(
+    *,
+    messages: list[dict[str, Any]],
+    invocation: dict[str, Any],
+    choices: list[Choice],
+    metadata: dict[str, Any],
+    start_time: float,
+    end_time: float,
+    trainable: bool,
+    run_id: str | None,
+) -> list[Turn]:
+    """One ``Turn`` per returned choice of one chat-model call."""
+    turns = []
+    for index, choice in enumerate(choices):
+        has_ids = bool(choice.token_ids)
         turns.append(
             Turn.model_construct(  # values built here from trusted parts; validation would copy every message
                 id=f"{run_id}:{index}" if run_id else uuid.uuid4().hex,
@@ -108,14 +143,14 @@ def build_turns(
                 messages=messages,
                 tools=invocation.get("tools"),
                 params=sampling_params(invocation),
-                output=_output_dict(generation.message, cache),
-                prompt_token_ids=info.get("prompt_token_ids"),
-                token_ids=[int(i) for i in ids] if has_ids else [],  # type: ignore[arg-type]
-                logprobs=[float(e["logprob"]) for e in entries] if has_ids else [],
-                finish_reason=info.get("finish_reason") or meta.get("finish_reason"),
-                model=model,
-                policy_step=policy_step(model),
-                call_id=_call_id(generation, result.llm_output),
+                output=choice.output,
+                prompt_token_ids=choice.prompt_token_ids,
+                token_ids=choice.token_ids.tolist(),
+                logprobs=choice.logprobs.tolist(),
+                finish_reason=choice.finish_reason,
+                model=choice.model,
+                policy_step=policy_step(choice.model),
+                call_id=choice.call_id,
                 choice_index=index,
                 node=metadata.get("langgraph_node"),
                 step=metadata.get("langgraph_step"),
@@ -129,15 +164,6 @@ def build_turns(
             )
         )
     return turns
-
-
-def _output_dict(message: Any, cache: dict[int, dict[str, Any]] | None) -> dict[str, Any]:
-    """The sampled message as an OpenAI dict, remembered in ``cache`` (the same object reappears as the next
-    call's input and in the final state)."""
-    converted = to_openai_message(message)
-    if cache is not None:
-        cache[id(message)] = converted
-    return converted
 
 
 class TurnRecorder:

@@ -49,6 +49,7 @@ class EmbeddedServer:
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._clients: dict[str, Any] | None = None
 
     @property
     def base_url(self) -> str:
@@ -84,6 +85,23 @@ class EmbeddedServer:
             coro.close()
             raise EngineNotReadyError("the embedded server is not running: call start() first")
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def in_process_clients(self) -> dict[str, Any]:
+        """``http_client`` and ``http_async_client`` for openai/langchain-openai clients in this process: requests
+        go straight to the app on the server's loop (``InProcessTransport``), not through loopback sockets."""
+        if self._loop is None or self._thread is None:
+            raise EngineNotReadyError("the embedded server is not running: call start() first")
+        if self._clients is None:
+            import openai
+
+            from langgraph_art.serve.inprocess import InProcessTransport
+
+            transport = InProcessTransport(self.app, self._loop, self._thread)
+            self._clients = {
+                "http_client": openai.DefaultHttpxClient(transport=transport),
+                "http_async_client": openai.DefaultAsyncHttpxClient(transport=transport),
+            }
+        return self._clients
 
     def _wait_ready(self, timeout: float) -> None:
         import httpx

@@ -117,6 +117,7 @@ class ChatCompletionRequest(_Lenient):
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
+    ignore_eos: bool = False  # vLLM's extra parameter: sample up to max_tokens even past an end-of-turn token
 
     def check_supported(self) -> None:
         """Refuse fields we cannot honour, naming the field (a 400, not a silent no-op)."""
@@ -131,6 +132,8 @@ class ChatCompletionRequest(_Lenient):
                 "(LangChain: with_structured_output(..., method='function_calling'))",
                 "response_format",
             )
+        if self.ignore_eos and self.max_tokens is None and self.max_completion_tokens is None:
+            raise RequestError("ignore_eos needs max_tokens (it would sample to the end of the context)", "ignore_eos")
         if self.top_logprobs and not self.logprobs:
             raise RequestError("top_logprobs needs logprobs=true", "top_logprobs")
         if isinstance(self.tool_choice, NamedToolChoice):
@@ -151,6 +154,7 @@ class ChatCompletionRequest(_Lenient):
             n=self.n,
             seed=self.seed,
             top_logprobs=self.top_logprobs or 0,
+            ignore_eos=self.ignore_eos,
         )
 
     def template_messages(self) -> list[dict[str, Any]]:

@@ -37,6 +37,7 @@ class SamplingParams:
     n: int = 1
     seed: int | None = None
     top_logprobs: int = 0
+    ignore_eos: bool = False  # end only at max_tokens or a stop string (benchmarks: exact token counts)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and 0.0 <= self.temperature <= 100.0):

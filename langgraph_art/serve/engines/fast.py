@@ -46,10 +46,34 @@ class FastCache:
     length: int = 0  # columns written
 
     def select(self, index: torch.Tensor) -> None:
-        """Keep (or repeat) the rows ``index`` [B'] in this order."""
-        self.keys = self.keys.index_select(1, index)
-        self.values = self.values.index_select(1, index)
-        self.valid = self.valid.index_select(0, index)
+        """Keep (or repeat) the rows ``index`` [B'] in this order; leading columns no kept row uses are dropped
+        (rows that joined a running batch are padded on the left, and the rows that forced that padding may
+        have left)."""
+        valid = self.valid.index_select(0, index)
+        used = valid[:, : self.length].any(0).nonzero()
+        start = int(used[0]) if len(used) else 0
+        self.keys = self.keys[:, :, :, start:].index_select(1, index)
+        self.values = self.values[:, :, :, start:].index_select(1, index)
+        self.valid = valid[:, start:]
+        self.length -= start
+
+    def extend(self, other: FastCache) -> None:
+        """Append ``other``'s rows after these, both right-aligned at the longer length (zeros on the left, marked
+        invalid), so every row's next token goes in the same column again."""
+        length = max(self.length, other.length)
+        capacity = length + max(self.valid.shape[1] - self.length, other.valid.shape[1] - other.length, 1)
+        rows = self.valid.shape[0] + other.valid.shape[0]
+        shape = (self.keys.shape[0], rows, self.keys.shape[2], capacity, self.keys.shape[4])
+        keys, values = self.keys.new_zeros(shape), self.values.new_zeros(shape)
+        valid = self.valid.new_zeros((rows, capacity))
+        row = 0
+        for part in (self, other):
+            n, shift = part.valid.shape[0], length - part.length
+            keys[:, row : row + n, :, shift:length] = part.keys[:, :, :, : part.length]
+            values[:, row : row + n, :, shift:length] = part.values[:, :, :, : part.length]
+            valid[row : row + n, shift:length] = part.valid[:, : part.length]
+            row += n
+        self.keys, self.values, self.valid, self.length = keys, values, valid, length
 
     def reserve(self, columns: int) -> None:
         """Room for ``columns`` columns. The cache doubles (keeping what is written) when it runs out, so a

@@ -1,10 +1,11 @@
 """``HFEngine``: transformers + peft inference on CPU or CUDA, with dynamic batching and LoRA adapters by name.
 
 One worker thread owns the model. Requests queue up; each time the worker is free it takes the oldest request
-and every queued request for the same adapter (up to ``max_batch_size`` rows, ``n`` rows per request), so
-requests that arrive while a batch runs join the next one. Adapter loads and unloads go through the same queue
-and act as barriers, so a batch never sees an adapter change under it. Rows that finish leave the KV cache at
-once, so a long request does not keep short ones' memory busy.
+and every queued request for the same adapter (up to ``max_batch_size`` rows, ``n`` rows per request), and
+requests for that adapter that arrive while the batch decodes join it at the next step (continuous batching,
+``batch.py``) unless a command or another adapter's request is ahead of them in the queue. Adapter loads and
+unloads go through the same queue and act as barriers, so a batch never sees an adapter change under it. Rows
+that finish leave the KV cache at once, so a long request does not keep short ones' memory busy.
 
 The forwards themselves run through ``FastLM`` (``fast.py``) for Llama-family models and through transformers
 otherwise (``steps.py``); an adapter is merged into the weights while its batches run (``adapters.py``), or, on
@@ -17,11 +18,10 @@ import asyncio
 import collections
 import logging
 import os
-import random
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,6 @@ from langgraph_art.models.loading import (
     weight_bytes,
 )
 from langgraph_art.models.lora import HookedLora, SharedBase
-from langgraph_art.serve.engines import sampling
 from langgraph_art.serve.engines.adapters import AdapterSet
 from langgraph_art.serve.engines.base import (
     FinishedEvent,
@@ -44,30 +43,15 @@ from langgraph_art.serve.engines.base import (
     GenerationResult,
     Sample,
     StreamEvent,
-    TokenEvent,
     read_adapter_config,
     stop_position,
     token_budget,
 )
+from langgraph_art.serve.engines.batch import Job, Row, RunningBatch
 from langgraph_art.serve.engines.fast import FastLM
-from langgraph_art.serve.engines.prefill import build_prefill
 from langgraph_art.serve.engines.steps import FastSteps, HFSteps, Steps
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Job:
-    request: GenerationRequest
-    max_new: int
-    loop: asyncio.AbstractEventLoop
-    events: asyncio.Queue[StreamEvent | BaseException]
-    streaming: bool
-    cancelled: bool = False
-    samples: list[Sample | None] = field(default_factory=list)
-
-    def post(self, item: StreamEvent | BaseException) -> None:
-        self.loop.call_soon_threadsafe(self.events.put_nowait, item)
 
 
 @dataclass
@@ -75,16 +59,6 @@ class _Command:
     run: Callable[[], Any]
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Any]
-
-
-@dataclass
-class _Row:
-    job: _Job
-    index: int
-    generator: random.Random | None
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    top: list[list[tuple[int, float]]] = field(default_factory=list)
 
 
 SHARE_MIN_BYTES = LARGE_MODEL_BYTES  # share_weights=None: models this large train on the engine's weights
@@ -140,13 +114,14 @@ class HFEngine:
         self._fast: FastLM | None = None
         self._tokenizer: Any = None
         self._adapters: AdapterSet = AdapterSet(None)
-        self._queue: collections.deque[_Job | _Command] = collections.deque()
+        self._queue: collections.deque[Job | _Command] = collections.deque()
         self._cv = threading.Condition()
         self._worker: threading.Thread | None = None
         self._closed = False
         self._ready = False
         self.batches_run = 0  # observability for tests and benchmarks
         self.prefills_shared = 0  # rows that reused another row's prefill (identical prompts)
+        self.requests_joined = 0  # requests that joined a batch already decoding (continuous batching)
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     @property
@@ -230,7 +205,7 @@ class HFEngine:
             self._cv.notify_all()
         for item in pending:
             error = EngineNotReadyError("the engine was closed before this request ran")
-            if isinstance(item, _Job):
+            if isinstance(item, Job):
                 item.post(error)
             else:
                 item.loop.call_soon_threadsafe(_set_exception, item.future, error)
@@ -253,7 +228,7 @@ class HFEngine:
             raise EngineNotReadyError("the engine is not running (still loading, or closed)")
         if request.adapter is not None and request.adapter not in self._adapters:
             raise ModelNotFoundError(f"adapter {request.adapter!r} is not loaded; loaded: {self._adapters.loaded()}")
-        job = _Job(
+        job = Job(
             request=request,
             max_new=token_budget(request, self.max_model_len),
             loop=asyncio.get_running_loop(),
@@ -317,22 +292,17 @@ class HFEngine:
                 except Exception as exc:  # noqa: BLE001 - handed to the awaiting caller, not swallowed
                     work.loop.call_soon_threadsafe(_set_exception, work.future, exc)
                 continue
-            try:
-                self._run_batch(work)
-            except Exception as exc:
-                log.exception("batch of %d requests failed", len(work))
-                for job in work:
-                    job.post(exc)
+            self._run_batch(work)
 
-    def _take_batch(self) -> _Command | list[_Job]:
+    def _take_batch(self) -> _Command | list[Job]:
         """Called with the lock held: the next command, or the oldest job plus same-adapter jobs behind it."""
         head = self._queue[0]
         if isinstance(head, _Command):
             self._queue.popleft()
             return head
-        batch: list[_Job] = []
+        batch: list[Job] = []
         rows = 0
-        kept: collections.deque[_Job | _Command] = collections.deque()
+        kept: collections.deque[Job | _Command] = collections.deque()
         while self._queue:
             item = self._queue.popleft()
             if isinstance(item, _Command):  # a barrier: nothing behind it joins this batch
@@ -349,67 +319,58 @@ class HFEngine:
         self._queue.extendleft(reversed(kept))
         return batch
 
-    def _run_batch(self, jobs: list[_Job]) -> None:
+    def _run_batch(self, jobs: list[Job]) -> None:
+        """Decode ``jobs`` as one running batch; same-adapter requests queued meanwhile join it between steps."""
         self.batches_run += 1
-        with self._adapters.use(jobs[0].request.adapter) as policy:
+        adapter = jobs[0].request.adapter
+        with self._adapters.use(adapter) as policy:
             if self._fast is not None and policy.plain:
                 self._fast.relink(self._lm)
                 steps: Steps = FastSteps(self._fast, max(job.max_new for job in jobs), policy.fast_lora)
             else:
                 steps = HFSteps(policy.model, self._cache_kwarg)
-            self._decode(jobs, steps)
+            batch = RunningBatch(steps, self._finish_if_done, self._rng, self._pad)
+            try:
+                batch.admit(jobs)
+                while batch.rows:
+                    batch.step()
+                    joiners = self._take_joiners(adapter, batch.size) if batch.rows and steps.can_join else []
+                    if joiners:
+                        batch.admit(joiners)
+            except Exception as exc:
+                log.exception("batch of %d requests failed", len(batch.jobs))
+                batch.fail(exc)
+            finally:
+                self.prefills_shared += batch.prefills_shared
+                self.requests_joined += batch.joined
 
-    def _decode(self, jobs: list[_Job], steps: Steps) -> None:
-        device = self._lm.device
-        rows: list[_Row] = []
-        for job in jobs:
-            params = job.request.params
-            job.samples = [None] * params.n
-            for i in range(params.n):
-                gen = random.Random(params.seed + i) if params.seed is not None else None
-                rows.append(_Row(job=job, index=i, generator=gen))
-        batch = build_prefill([r.job.request.prompt_token_ids for r in rows], self._pad, device)
-        temps = torch.tensor([r.job.request.params.temperature for r in rows], device=device)
-        top_ps = torch.tensor([r.job.request.params.top_p for r in rows], device=device)
-        want_top = max(r.job.request.params.top_logprobs for r in rows)
-        logits = steps.prefill(batch)  # [B, V]
-        self.prefills_shared += batch.shared
-        active = list(range(len(rows)))  # indices into `rows` of the rows still in the batch
-        while True:
-            logprobs = sampling.process_logits(logits, temps, top_ps)  # [B, V]
-            tokens = sampling.sample_tokens(logprobs, temps <= 0, [rows[i].generator for i in active], self._rng)
-            chosen = logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).tolist()  # [B]
-            top_values, top_ids = sampling.top_logprobs(logprobs, want_top)
-            token_list = tokens.tolist()
-            keep: list[int] = []
-            for b, i in enumerate(active):
-                row = rows[i]
-                k = row.job.request.params.top_logprobs
-                top = list(zip(top_ids[b, :k].tolist(), top_values[b, :k].tolist(), strict=True)) if k else []
-                row.token_ids.append(token_list[b])
-                row.logprobs.append(chosen[b])
-                row.top.append(top)
-                if row.job.streaming:
-                    row.job.post(TokenEvent(row.index, token_list[b], chosen[b], top))
-                if not self._finish_if_done(row):
-                    keep.append(b)
-            if not keep:
-                return
-            if len(keep) < len(active):  # finished rows leave the batch and the KV cache
-                index = torch.tensor(keep, device=device)
-                steps.select(index)
-                tokens, temps, top_ps = tokens[index], temps[index], top_ps[index]
-                active = [active[b] for b in keep]
-            logits = steps.decode(tokens)
+    def _take_joiners(self, adapter: str | None, rows: int) -> list[Job]:
+        """The queued requests that may join a running batch of ``rows`` rows for ``adapter``: those at the head
+        of the queue, in order, while they are for the same adapter and fit. A command or another adapter's
+        request at the head stops it (the batch then drains and that one runs next), so nothing waits behind a
+        stream of joiners."""
+        joiners: list[Job] = []
+        with self._cv:
+            while self._queue:
+                head = self._queue[0]
+                if isinstance(head, _Command) or head.request.adapter != adapter:
+                    break
+                if not head.cancelled and rows + head.request.params.n > self.max_batch_size:
+                    break
+                self._queue.popleft()
+                if not head.cancelled:
+                    joiners.append(head)
+                    rows += head.request.params.n
+        return joiners
 
-    def _finish_if_done(self, row: _Row) -> bool:
+    def _finish_if_done(self, row: Row) -> bool:
         """Record the row's sample if it is finished; True when it is."""
         job, params = row.job, row.job.request.params
         reason: str | None = None
         text: str | None = None
         if job.cancelled:
             reason = "length"
-        elif row.token_ids[-1] in self._eos:
+        elif row.token_ids[-1] in self._eos and not params.ignore_eos:
             reason = "stop"
         elif params.stop:
             text = self._tokenizer.decode(row.token_ids, skip_special_tokens=True)

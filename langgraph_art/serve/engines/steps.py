@@ -1,7 +1,10 @@
 """The two ways the HF engine runs a batch's forwards, behind one small interface.
 
 ``prefill`` feeds the batch's prompts (each distinct prompt once, see ``prefill.py``) and returns next-token
-logits for every row; ``decode`` feeds one sampled token per row; ``select`` keeps the rows still generating.
+logits for every row; ``decode`` feeds one sampled token per row; ``select`` keeps the rows still generating;
+``join`` prefills more prompts while others are decoding and appends their rows (continuous batching, see
+``batch.py``): the new rows' KV cache is right-aligned with the running one, padded on the left, which the
+attention mask hides, and each row keeps its own positions, so the running rows compute what they did before.
 ``HFSteps`` calls the transformers model (any architecture, and adapters peft serves unmerged); ``FastSteps``
 calls ``FastLM`` (Llama-family models with the base weights, a merged adapter or an unmerged ``FastLora``).
 """
@@ -11,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 import torch
+from transformers.cache_utils import DynamicLayer
 
 from langgraph_art.models.loading import cache_of
 from langgraph_art.serve.engines.fast import FastCache, FastLM, FastLora
@@ -18,19 +22,33 @@ from langgraph_art.serve.engines.prefill import Prefill
 
 
 class Steps(Protocol):
+    device: torch.device
+
+    @property
+    def can_join(self) -> bool: ...  # False: no rows can be appended while decoding (then batch after batch)
+
     def prefill(self, batch: Prefill) -> torch.Tensor: ...  # [B, V]
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor: ...  # [B] -> [B, V]
 
     def select(self, index: torch.Tensor) -> None: ...  # keep rows ``index`` [B']
 
+    def join(self, batch: Prefill) -> torch.Tensor: ...  # prefill more rows, appended after the running ones
+
 
 class HFSteps:
     def __init__(self, model: Any, cache_kwarg: str) -> None:
         self.model, self.cache_kwarg = model, cache_kwarg
+        self.device = model.device
         self.cache: Any = None
         self.mask = self.next_pos = torch.empty(0)
         self.padded = False
+
+    @property
+    def can_join(self) -> bool:
+        """Only caches made of plain growing layers can be padded and concatenated (not sliding-window ones)."""
+        layers = getattr(self.cache, "layers", None) or []
+        return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
     def prefill(self, batch: Prefill) -> torch.Tensor:
         self.padded = batch.padded
@@ -66,10 +84,25 @@ class HFSteps:
         self.cache.batch_select_indices(index)
         self.mask, self.next_pos = self.mask[index], self.next_pos[index]
 
+    def join(self, batch: Prefill) -> torch.Tensor:
+        new = HFSteps(self.model, self.cache_kwarg)
+        logits = new.prefill(batch)  # [B', V]
+        width = max(self.mask.shape[1], new.mask.shape[1])
+        for layer, other in zip(self.cache.layers, new.cache.layers, strict=True):  # [B, heads, S, hd] each
+            layer.keys = torch.cat([_left_pad(layer.keys, width, 2), _left_pad(other.keys, width, 2)])
+            layer.values = torch.cat([_left_pad(layer.values, width, 2), _left_pad(other.values, width, 2)])
+        self.mask = torch.cat([_left_pad(self.mask, width, 1), _left_pad(new.mask, width, 1)])  # [B + B', S]
+        self.next_pos = torch.cat([self.next_pos, new.next_pos])
+        self.padded = True
+        return logits
+
 
 class FastSteps:
+    can_join = True
+
     def __init__(self, fast: FastLM, max_new: int, lora: FastLora | None = None) -> None:
         self.fast, self.max_new, self.lora = fast, max_new, lora
+        self.device = fast.embed.device
         self.cache: FastCache | None = None
         self.next_pos = torch.empty(0)
 
@@ -95,3 +128,22 @@ class FastSteps:
         assert self.cache is not None, "prefill first"
         self.cache.select(index)
         self.next_pos = self.next_pos[index]
+
+    def join(self, batch: Prefill) -> torch.Tensor:
+        assert self.cache is not None, "prefill first"
+        new = FastSteps(self.fast, self.max_new, self.lora)
+        logits = new.prefill(batch)  # [B', V]
+        assert new.cache is not None
+        self.cache.extend(new.cache)
+        self.next_pos = torch.cat([self.next_pos, new.next_pos])
+        return logits
+
+
+def _left_pad(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
+    """``x`` padded with zeros on the left of ``dim`` to ``width`` (masked columns: never attended to)."""
+    missing = width - x.shape[dim]
+    if missing == 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = missing
+    return torch.cat([x.new_zeros(shape), x], dim=dim)

@@ -272,9 +272,9 @@ class VLLMEngine:
             seed=p.seed,
             max_tokens=token_budget(request, self.max_model_len),
             stop=list(p.stop) or None,
-            stop_token_ids=self._eos,
+            stop_token_ids=None if p.ignore_eos else self._eos,
             include_stop_str_in_output=False,
-            ignore_eos=False,
+            ignore_eos=p.ignore_eos,
             logprobs=p.top_logprobs,  # the sampled token's logprob always comes back, plus this many top ones
             skip_special_tokens=True,
             output_kind=kind,

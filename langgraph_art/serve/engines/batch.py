@@ -1,0 +1,132 @@
+"""The HF engine's running batch: requests join it at any decode step and leave it the step they finish.
+
+Continuous batching. Each ``step`` samples one token for every row from the logits of the last forward, records
+(and streams) it, lets the finished rows go (their KV cache rows with them), and runs one decode forward for the
+rest. Between steps the engine hands over the requests that arrived meanwhile (``admit``): they are prefilled
+on their own (each distinct prompt once, ``prefill.py``) and appended to the running rows, their KV cache
+right-aligned with the running one (``Steps.join``), so their first token is sampled at the next step with
+everyone else's. A request therefore waits for at most one decode step and one prefill, not for a whole batch:
+agent loops, whose calls arrive staggered, keep the batch full.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from langgraph_art.serve.engines import sampling
+from langgraph_art.serve.engines.base import GenerationRequest, Sample, StreamEvent, TokenEvent
+from langgraph_art.serve.engines.prefill import build_prefill
+from langgraph_art.serve.engines.steps import Steps
+
+
+@dataclass
+class Job:
+    """One request in the engine: its sampled choices fill ``samples``; events go to the awaiting coroutine."""
+
+    request: GenerationRequest
+    max_new: int
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue[StreamEvent | BaseException]
+    streaming: bool
+    cancelled: bool = False
+    samples: list[Sample | None] = field(default_factory=list)
+
+    def post(self, item: StreamEvent | BaseException) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.samples) and all(s is not None for s in self.samples)
+
+
+@dataclass
+class Row:
+    """One choice of a job being sampled."""
+
+    job: Job
+    index: int
+    generator: random.Random | None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top: list[list[tuple[int, float]]] = field(default_factory=list)
+
+
+class RunningBatch:
+    """The rows decoded together. ``finish(row)`` records a row's sample when it is done and says whether it is."""
+
+    def __init__(self, steps: Steps, finish: Callable[[Row], bool], rng: torch.Generator, pad: int) -> None:
+        self.steps, self.finish, self.rng, self.pad = steps, finish, rng, pad
+        self.rows: list[Row] = []
+        self.jobs: list[Job] = []  # every job admitted, to fail the unfinished ones if a forward raises
+        self.logits = self.temps = self.top_ps = torch.empty(0)  # [B, V], [B], [B] for ``rows``
+        self.prefills_shared = 0  # rows that reused another row's prefill (identical prompts)
+        self.joined = 0  # jobs admitted after the batch started decoding
+
+    @property
+    def size(self) -> int:
+        return len(self.rows)
+
+    def admit(self, jobs: list[Job]) -> None:
+        """Prefill ``jobs`` and add their rows; their first tokens are sampled at the next ``step``."""
+        self.jobs += jobs  # first: if their prefill fails, they must hear of it
+        rows: list[Row] = []
+        for job in jobs:
+            params = job.request.params
+            job.samples = [None] * params.n
+            for i in range(params.n):
+                gen = random.Random(params.seed + i) if params.seed is not None else None
+                rows.append(Row(job=job, index=i, generator=gen))
+        device = self.steps.device
+        batch = build_prefill([r.job.request.prompt_token_ids for r in rows], self.pad, device)
+        temps = torch.tensor([r.job.request.params.temperature for r in rows], device=device)  # [B']
+        top_ps = torch.tensor([r.job.request.params.top_p for r in rows], device=device)  # [B']
+        running = bool(self.rows)
+        logits = self.steps.join(batch) if running else self.steps.prefill(batch)  # [B', V]
+        self.prefills_shared += batch.shared
+        self.joined += len(jobs) if running else 0
+        self.rows += rows
+        if running:
+            logits, temps = torch.cat([self.logits, logits]), torch.cat([self.temps, temps])
+            top_ps = torch.cat([self.top_ps, top_ps])
+        self.logits, self.temps, self.top_ps = logits, temps, top_ps
+
+    def step(self) -> None:
+        """Sample one token per row, let finished rows go, and run the decode forward of the others."""
+        rows = self.rows
+        logprobs = sampling.process_logits(self.logits, self.temps, self.top_ps)  # [B, V]
+        tokens = sampling.sample_tokens(logprobs, self.temps <= 0, [r.generator for r in rows], self.rng)  # [B]
+        chosen = logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).tolist()  # [B]
+        want_top = max(r.job.request.params.top_logprobs for r in rows)
+        top_values, top_ids = sampling.top_logprobs(logprobs, want_top)  # [B, k] each
+        token_list = tokens.tolist()
+        keep: list[int] = []
+        for b, row in enumerate(rows):
+            k = row.job.request.params.top_logprobs
+            top = list(zip(top_ids[b, :k].tolist(), top_values[b, :k].tolist(), strict=True)) if k else []
+            row.token_ids.append(token_list[b])
+            row.logprobs.append(chosen[b])
+            row.top.append(top)
+            if row.job.streaming:
+                row.job.post(TokenEvent(row.index, token_list[b], chosen[b], top))
+            if not self.finish(row):
+                keep.append(b)
+        if not keep:
+            self.rows = []
+            return
+        if len(keep) < len(rows):  # finished rows leave the batch and the KV cache
+            index = torch.tensor(keep, device=tokens.device)
+            self.steps.select(index)
+            tokens, self.temps, self.top_ps = tokens[index], self.temps[index], self.top_ps[index]
+            self.rows = [rows[b] for b in keep]
+        self.logits = self.steps.decode(tokens)
+
+    def fail(self, error: BaseException) -> None:
+        """Hand ``error`` to every admitted job that has not finished."""
+        for job in self.jobs:
+            if not job.finished:
+                job.post(error)

@@ -1,0 +1,34 @@
+"""A pipelined training run to kill: ``python -m tests.pipeline_worker HOME STEPS``.
+
+The digits task on the embedded tiny model with ``max_steps_off_policy=1``; after each trained step the metrics
+line lands in ``metrics.jsonl`` (the test watches it). Prints ``resumed <step>`` when the trainer has loaded.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import langgraph_art as art
+from tests.helpers import digit_share, one_agent_graph
+
+digits = art.reward(digit_share, name="digits")
+
+
+def main() -> None:
+    home, steps = sys.argv[1], int(sys.argv[2])
+    with art.LocalBackend(home=home) as backend:
+        model = art.TrainableModel(name="digits", project="pipelined").register(backend)
+        llm = art.ChatART(model=model, temperature=1.0, max_tokens=16)
+        config = art.GRPOConfig(learning_rate=5e-3, lora_r=8, lora_alpha=16, seed=0)
+        trainer = art.Trainer(
+            one_agent_graph(llm), model, rewards=[digits], num_generations=8, config=config, max_steps_off_policy=1
+        )
+        backend.trainer(model, trainer.config)
+        print(f"resumed {backend.current_step(model)}", flush=True)
+        scenarios = [{"id": "numbers", "input": {"messages": [("user", "Write some numbers.")]}}]
+        trainer.train(scenarios, steps=steps, progress=False)
+        print("finished", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""Continuous batching in HFEngine: a request that arrives while a batch decodes joins it at the next step, samples
+what it would have sampled alone (and so do the rows already running), and leaves when it is done; another
+adapter's request or a command at the head of the queue stops joining, so nothing waits behind a stream of joiners.
+Checked on every way the engine runs a batch: FastLM (base and merged adapter), transformers, and unmerged adapters
+on shared weights (FastLora, hooks)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from langgraph_art.serve.engines.base import FinishedEvent, GenerationRequest, SamplingParams  # noqa: E402
+from langgraph_art.serve.engines.fast import FastCache  # noqa: E402
+from langgraph_art.serve.engines.hf import HFEngine  # noqa: E402
+from tests.helpers import WEATHER_TOOL  # noqa: E402
+from tests.test_fast_decode import save_adapter  # noqa: E402
+
+SETTINGS = {
+    "fast": {},
+    "transformers": {"fast_decode": False},
+    "shared-fast": {"share_weights": True},
+    "shared-hooks": {"share_weights": True, "fast_decode": False},
+}
+
+
+@pytest.fixture(scope="module")
+def adapter(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_adapter(tiny_path, tmp_path_factory.mktemp("joining") / "a", seed=4)
+
+
+@pytest.fixture(params=list(SETTINGS))
+async def engine(request: pytest.FixtureRequest, tiny_path: Path, adapter: Path) -> AsyncIterator[HFEngine]:
+    eng = HFEngine(str(tiny_path), max_batch_size=16, **SETTINGS[request.param])
+    await eng.start()
+    await eng.load_adapter("a@1", str(adapter))
+    yield eng
+    await eng.close()
+
+
+def chat(engine: HFEngine, text: str, tools: list | None = None) -> list[int]:
+    template = engine.tokenizer.apply_chat_template
+    return list(
+        template([{"role": "user", "content": text}], tools=tools, add_generation_prompt=True, return_dict=False)
+    )
+
+
+def request(ids: list[int], tokens: int, seed: int, adapter: str | None, n: int = 1) -> GenerationRequest:
+    params = SamplingParams(temperature=1.0, max_tokens=tokens, seed=seed, ignore_eos=True, n=n)
+    return GenerationRequest(list(ids), params, adapter=adapter)
+
+
+async def first_tokens(engine: HFEngine, req: GenerationRequest, count: int) -> tuple[asyncio.Task, asyncio.Event]:
+    """Stream ``req`` in a task; the event is set once ``count`` tokens have come back (the batch is decoding)."""
+    started = asyncio.Event()
+
+    async def consume() -> Any:
+        seen = 0
+        async for event in engine.stream(req):
+            if isinstance(event, FinishedEvent):
+                return event.result
+            seen += 1
+            if seen >= count:
+                started.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(started.wait(), 30)
+    return task, started
+
+
+@pytest.mark.parametrize("adapter_name", [None, "a@1"])
+async def test_requests_arriving_mid_batch_join_it_and_sample_as_if_alone(
+    engine: HFEngine, adapter_name: str | None
+) -> None:
+    short, long_prompt = chat(engine, "hi"), chat(engine, "the weather in Paris and the sea", [WEATHER_TOOL])
+    assert len(long_prompt) > len(short) + 40  # joining it shifts the running rows' cache to the right
+    running = request(short, 48, seed=1, adapter=adapter_name)
+    joiners = [
+        request(long_prompt, 6, seed=7, adapter=adapter_name, n=2),
+        request(short, 10, seed=3, adapter=adapter_name),
+    ]
+    batches, joined = engine.batches_run, engine.requests_joined
+    task, _ = await first_tokens(engine, running, 4)
+    together = await asyncio.gather(*(engine.generate(j) for j in joiners))
+    assert not task.done()  # the joiners finished while the first request was still decoding
+    first = await task
+    assert engine.batches_run - batches == 1 and engine.requests_joined - joined == 2
+
+    for req, result in zip([running, *joiners], [first, *together], strict=True):
+        alone = await engine.generate(GenerationRequest(req.prompt_token_ids, req.params, adapter=req.adapter))
+        for sample, reference in zip(result.samples, alone.samples, strict=True):
+            assert len(sample.token_ids) == req.params.max_tokens
+            assert sample.token_ids == reference.token_ids
+            assert max(abs(a - b) for a, b in zip(sample.logprobs, reference.logprobs, strict=True)) < 1e-4
+
+
+async def test_another_adapters_request_stops_joining_and_runs_next(engine: HFEngine) -> None:
+    ids = chat(engine, "hi")
+    joined = engine.requests_joined
+    task, _ = await first_tokens(engine, request(ids, 40, seed=1, adapter="a@1"), 2)
+    order: list[str] = []
+
+    async def tracked(name: str, req: GenerationRequest) -> None:
+        await engine.generate(req)
+        order.append(name)
+
+    await asyncio.gather(
+        tracked("base", request(ids, 4, seed=2, adapter=None)),  # queued first: it must not wait for the a@1 ones
+        *(tracked(f"a{i}", request(ids, 4, seed=3 + i, adapter="a@1")) for i in range(3)),
+        task,
+    )
+    assert order[0] == "base"
+    assert engine.requests_joined == joined  # the a@1 requests queued behind the base one did not jump it
+
+
+async def test_a_command_is_a_barrier_for_joiners(engine: HFEngine, adapter: Path) -> None:
+    ids = chat(engine, "hi")
+    joined = engine.requests_joined
+    task, _ = await first_tokens(engine, request(ids, 30, seed=1, adapter=None), 2)
+    load = asyncio.create_task(engine.load_adapter("b@1", str(adapter)))
+    await asyncio.sleep(0)  # queued behind the running batch
+    late = await engine.generate(request(ids, 4, seed=2, adapter=None))
+    assert load.done() and task.done()  # the load ran after the batch drained, the late request after the load
+    assert engine.requests_joined == joined and len(late.samples[0].token_ids) == 4
+    await task
+
+
+def test_a_joined_cache_is_right_aligned_and_its_unused_columns_go() -> None:
+    def cache(rows: int, length: int, capacity: int, fill: float) -> FastCache:
+        keys = torch.full((1, rows, 1, capacity, 2), fill)
+        valid = torch.zeros((rows, capacity), dtype=torch.bool)
+        valid[:, :length] = True
+        return FastCache(keys=keys, values=keys.clone(), valid=valid, length=length)
+
+    running, joiner = cache(2, 3, 8, 1.0), cache(1, 6, 6, 2.0)
+    running.extend(joiner)
+    assert running.length == 6 and running.keys.shape[1] == 3 and running.valid.shape[1] >= 7  # room to decode on
+    assert running.valid[:2, :6].tolist() == [[False] * 3 + [True] * 3] * 2
+    assert running.keys[0, :2, 0, :3].abs().sum() == 0  # padding is zeros (an empty tensor could hold NaN)
+    assert running.keys[0, :2, 0, 3:6].eq(1.0).all() and running.keys[0, 2, 0, :6].eq(2.0).all()
+    running.select(torch.tensor([0, 1]))  # the long row leaves: the three columns only it used go with it
+    assert running.length == 3 and running.valid[:, :3].all() and running.keys[0, :, 0, :3].eq(1.0).all()
+
+
+async def test_a_failed_join_fails_every_request_in_the_batch_and_the_engine_goes_on(
+    engine: HFEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from langgraph_art.serve.engines import steps
+
+    def broken(self: Any, batch: Any) -> Any:
+        raise RuntimeError("prefill blew up")
+
+    monkeypatch.setattr(steps.FastSteps, "join", broken)
+    monkeypatch.setattr(steps.HFSteps, "join", broken)
+    ids = chat(engine, "hi")
+    task, _ = await first_tokens(engine, request(ids, 40, seed=1, adapter=None), 2)
+    with pytest.raises(RuntimeError, match="blew up"):
+        await asyncio.wait_for(engine.generate(request(ids, 4, seed=2, adapter=None)), 30)
+    with pytest.raises(RuntimeError, match="blew up"):
+        await asyncio.wait_for(task, 30)
+    monkeypatch.undo()
+    assert len((await engine.generate(request(ids, 3, seed=2, adapter=None))).samples[0].token_ids) == 3

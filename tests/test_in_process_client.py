@@ -1,0 +1,38 @@
+"""ChatART on a LocalBackend reaches the embedded server in process (no sockets) with HTTP's exact semantics:
+responses, streaming (sync and async), errors as the openai SDK raises them."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import openai
+import pytest
+
+import langgraph_art as art
+from langgraph_art.serve.inprocess import InProcessTransport
+
+
+def test_chat_art_on_a_local_backend_talks_in_process(tmp_path: Path) -> None:
+    with art.LocalBackend(home=tmp_path) as backend:
+        model = art.TrainableModel(name="m", project="p").register(backend)
+        llm = art.ChatART(model=model, temperature=1.0, max_tokens=6)
+        assert isinstance(llm.root_client._client._transport, InProcessTransport)
+        assert isinstance(llm.root_async_client._client._transport, InProcessTransport)
+        reply = llm.invoke("hello")
+        assert reply.response_metadata["logprobs"]["content"]  # token ids and logprobs came through
+        chunks = list(llm.stream("hello"))
+        assert len(chunks) > 1 and "".join(str(c.content) for c in chunks) is not None
+
+        async def both() -> tuple[object, list[object]]:
+            one = await llm.ainvoke("hi")
+            streamed = [c async for c in llm.astream("hi")]
+            return one, streamed
+
+        one, streamed = asyncio.run(both())
+        assert one is not None and len(streamed) > 1
+        missing = art.ChatART(model=model, max_tokens=2, max_retries=0).bind(model="nobody")
+        with pytest.raises(openai.NotFoundError, match="nobody"):
+            missing.invoke("hello")
+        remote = art.ChatART(model=model, base_url="http://127.0.0.1:9/v1", max_retries=0)  # the user's own URL
+        assert not isinstance(remote.root_client._client._transport, InProcessTransport)

@@ -1,0 +1,80 @@
+"""``Trainer(max_steps_off_policy=1)``: rollouts of the next step run while a step trains. It still learns, its
+runs are at most one policy step stale (and say so), and a kill mid-run loses no stored run."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import langgraph_art as art
+from langgraph_art.store import TrajectoryStore
+from langgraph_art.train import checkpoint
+from tests.helpers import digit_share, one_agent_graph
+
+ROOT = Path(__file__).resolve().parents[1]
+digits = art.reward(digit_share, name="digits")
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "1"])
+def test_max_steps_off_policy_is_checked(tmp_path: Path, bad: object) -> None:
+    with art.LocalBackend(home=tmp_path) as backend:
+        model = art.TrainableModel(name="m", project="p").register(backend)
+        llm = art.ChatART(model=model)
+        with pytest.raises(art.ConfigError, match="max_steps_off_policy must be an int >= 0"):
+            art.Trainer(one_agent_graph(llm), model, rewards=[digits], max_steps_off_policy=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_a_pipelined_run_learns_and_reports_its_staleness(tmp_path: Path) -> None:
+    with art.LocalBackend(home=tmp_path) as backend:
+        model = art.TrainableModel(name="digits", project="pipelined").register(backend)
+        llm = art.ChatART(model=model, temperature=1.0, max_tokens=32)
+        config = art.GRPOConfig(learning_rate=5e-3, lora_r=8, lora_alpha=16, seed=0)
+        trainer = art.Trainer(
+            one_agent_graph(llm), model, rewards=[digits], num_generations=8, config=config, max_steps_off_policy=1
+        )
+        scenarios = [{"id": "numbers", "input": {"messages": [("user", "Write some numbers.")]}}]
+        history = trainer.train(scenarios, steps=40, progress=False)
+        rewards = [m["reward/mean"] for m in history]
+        assert rewards[0] < 0.1 and statistics.fmean(rewards[-10:]) > 0.5, rewards
+        assert all(m["off_policy/steps_max"] <= 1 for m in history)  # never more than one update behind
+        assert any(m["off_policy/steps_max"] == 1 for m in history)  # and it did overlap
+        ratios = [m["train/ratio_mean"] for m in history if m["train/updated"]]
+        assert all(math.isfinite(r) and r > 0 for r in ratios) and max(ratios) > 1.0001, ratios  # the lag shows
+        lines = (trainer.run_dir / "metrics.jsonl").read_text().splitlines()
+        assert [json.loads(line)["iteration"] for line in lines] == list(range(1, 41))  # in order, none lost
+        stored = TrajectoryStore.for_project("pipelined", tmp_path)
+        assert stored.count() == 40 * 8 and all(t.reward is not None for t in stored.trajectories())
+
+
+@pytest.mark.slow
+def test_a_kill_during_a_pipelined_run_loses_no_stored_run(tmp_path: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    metrics = tmp_path / "pipelined" / "runs" / "digits" / "metrics.jsonl"
+    command = [sys.executable, "-m", "tests.pipeline_worker", str(tmp_path)]
+    proc = subprocess.Popen([*command, "50"], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 4):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)  # mid-run: a step training, the next one's runs being sampled
+    proc.wait(timeout=60)
+    trained = len(metrics.read_text().splitlines())
+    store = TrajectoryStore.for_project("pipelined", tmp_path)
+    before = {t.id: t for t in store.trajectories()}
+    assert len(before) >= 8 * trained  # every trained step's runs, and the runs finished after them
+    last = checkpoint.latest_step(tmp_path / "pipelined" / "checkpoints" / "digits")
+
+    out = subprocess.run([*command, "3"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.splitlines()[0] == f"resumed {last or 0}"
+    after = {t.id: t for t in TrajectoryStore.for_project("pipelined", tmp_path).trajectories()}
+    assert set(before) <= set(after) and len(after) == len(before) + 3 * 8  # nothing lost, 3 new steps stored
+    assert len(metrics.read_text().splitlines()) == trained + 3
