@@ -22,17 +22,16 @@ import statistics
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, TypedDict
+from typing import Any
 
 from langchain_core.callbacks import BaseCallbackHandler
-from langchain_core.language_models import BaseChatModel, GenericFakeChatModel
-from langchain_core.messages import AIMessage, HumanMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
+from langchain_core.language_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage
 from langchain_core.tools import tool
-from langgraph.graph import END, START, StateGraph
 
 from langgraph_art.capture.callbacks import TrajectoryCallbackHandler
 from langgraph_art.demo import tool_loop
+from langgraph_art.testing import long_run_graph
 
 
 @tool
@@ -120,51 +119,21 @@ def time_interleaved(graph: Any, runs: int, variants: dict[str, Any]) -> dict[st
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-class Scripted(BaseChatModel):
-    """32 tokens with their logprobs, fresh objects every call (as ChatOpenAI returns them)."""
-
-    def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
-        content = [
-            {"token": "t", "logprob": -0.5, "bytes": [116], "top_logprobs": [], "token_id": i} for i in range(32)
-        ]
-        message = AIMessage("t" * 32, response_metadata={"logprobs": {"content": content}, "finish_reason": "stop"})
-        return ChatResult(generations=[ChatGeneration(message=message)])
-
-    @property
-    def _llm_type(self) -> str:
-        return "scripted"
-
-
-class Count(TypedDict):
-    count: int
-
-
-def long_graph(steps: int) -> Any:
-    llm = Scripted()
-
-    def step(state: Count) -> dict:
-        llm.invoke([HumanMessage("go")])
-        return {"count": state["count"] + 1}
-
-    graph = StateGraph(Count)
-    graph.add_node("step", step)
-    graph.add_edge(START, "step")
-    graph.add_conditional_edges("step", lambda s: END if s["count"] >= steps else "step")
-    return graph.compile().with_config(recursion_limit=steps + 10)
-
-
-def long_runs(lengths: list[int], repeats: int = 5) -> None:
-    """Per-event cost in one run of each length, GC on; assembly (reading ``.trajectories``) timed apart."""
+def long_runs(lengths: list[int], repeats: int = 9) -> None:
+    """Per-event cost in one run of each length, GC on. Each repeat runs the three variants back to back and
+    takes CPU time (``process_time``: other processes on the machine do not count); the cost is the median over
+    repeats of (variant - no handler). Assembly (reading ``.trajectories``) is timed apart."""
     print("| steps in the run | events | do-nothing µs/event | ours µs/event | x floor | assembly ms |")
     print("|---:|---:|---:|---:|---:|---:|")
     per_event: dict[int, float] = {}
     for steps in lengths:
-        graph = long_graph(steps)
+        graph = long_run_graph(steps)
         counter = Counter()
         graph.invoke({"count": 0}, {"callbacks": [counter]})
-        best: dict[str, float] = {}
-        assembly = float("inf")
+        costs: dict[str, list[float]] = {"floor": [], "ours": []}
+        assembly: list[float] = []
         for _ in range(repeats):
+            seconds = {}
             for name, make in (
                 ("none", list),
                 ("floor", lambda: [DoNothing()]),
@@ -172,16 +141,19 @@ def long_runs(lengths: list[int], repeats: int = 5) -> None:
             ):
                 callbacks = make()
                 gc.collect()
-                start = time.perf_counter()
+                start = time.process_time()
                 graph.invoke({"count": 0}, {"callbacks": callbacks})
-                best[name] = min(best.get(name, float("inf")), time.perf_counter() - start)
+                seconds[name] = time.process_time() - start
                 if name == "ours":
-                    start = time.perf_counter()
+                    start = time.process_time()
                     assert callbacks[0].trajectories
-                    assembly = min(assembly, time.perf_counter() - start)
-        floor = (best["floor"] - best["none"]) / counter.events * 1e6
-        ours = per_event[steps] = (best["ours"] - best["none"]) / counter.events * 1e6
-        print(f"| {steps} | {counter.events} | {floor:.1f} | {ours:.1f} | {ours / floor:.1f} | {assembly * 1e3:.0f} |")
+                    assembly.append(time.process_time() - start)
+            for name in costs:
+                costs[name].append((seconds[name] - seconds["none"]) / counter.events * 1e6)
+        floor, ours = statistics.median(costs["floor"]), statistics.median(costs["ours"])
+        per_event[steps] = ours
+        asm = statistics.median(assembly) * 1e3
+        print(f"| {steps} | {counter.events} | {floor:.1f} | {ours:.1f} | {ours / floor:.1f} | {asm:.0f} |")
     first, last = per_event[lengths[0]], per_event[lengths[-1]]
     print(f"ours at {lengths[-1]} steps / at {lengths[0]} steps: {last / first:.2f}x")
 

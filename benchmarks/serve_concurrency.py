@@ -35,12 +35,19 @@ async def burst(base_url: str, model: str, concurrency: int, max_tokens: int) ->
         response.raise_for_status()
         return int(response.json()["usage"]["completion_tokens"])
 
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        await one(client, -1)  # warm the connection and the engine
+    # at most 32 connections per client: httpcore's pool scans every connection of its pool for each request, so
+    # one client with 256 connections measured its own pool (O(n^2) in the burst), not the server
+    per_client = 32
+    limits = httpx.Limits(max_connections=per_client, max_keepalive_connections=per_client)
+    clients = [httpx.AsyncClient(timeout=600, limits=limits) for _ in range(-(-concurrency // per_client))]
+    try:
+        await one(clients[0], -1)  # warm the connection and the engine
         start = time.perf_counter()
-        tokens = await asyncio.gather(*(one(client, i) for i in range(concurrency)))
+        tokens = await asyncio.gather(*(one(clients[i % len(clients)], i) for i in range(concurrency)))
         return time.perf_counter() - start, sum(tokens)
+    finally:
+        for client in clients:
+            await client.aclose()
 
 
 def measure(

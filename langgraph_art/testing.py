@@ -184,3 +184,40 @@ def digit_share(state: Any) -> float:
     """The digits task's reward: share of the non-space characters of the answer that are digits."""
     text = "".join(state["messages"][-1].content.split())
     return sum(c.isdigit() for c in text) / len(text) if text else 0.0
+
+
+def long_run_graph(steps: int) -> Any:
+    """A LangGraph loop of ``steps`` node steps, each calling a scripted chat model that answers 32 tokens with
+    their logprobs as ChatOpenAI reports them (fresh objects every call): the long agent run for capture costs."""
+    from typing import TypedDict
+
+    from langchain_core.language_models import BaseChatModel
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langchain_core.outputs import ChatGeneration, ChatResult
+    from langgraph.graph import END, START, StateGraph
+
+    class Scripted(BaseChatModel):
+        def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
+            content = [{"token": "t", "logprob": -0.5, "bytes": [116], "top_logprobs": [], "token_id": i}
+                       for i in range(32)]  # fmt: skip
+            message = AIMessage("t" * 32, response_metadata={"logprobs": {"content": content}, "finish_reason": "stop"})
+            return ChatResult(generations=[ChatGeneration(message=message)])
+
+        @property
+        def _llm_type(self) -> str:
+            return "scripted"
+
+    class Count(TypedDict):
+        count: int
+
+    llm = Scripted()
+
+    def step(state: Count) -> dict:
+        llm.invoke([HumanMessage("go")])
+        return {"count": state["count"] + 1}
+
+    graph = StateGraph(Count)
+    graph.add_node("step", step)
+    graph.add_edge(START, "step")
+    graph.add_conditional_edges("step", lambda s: END if s["count"] >= steps else "step")
+    return graph.compile().with_config(recursion_limit=steps + 10)

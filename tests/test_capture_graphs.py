@@ -327,34 +327,10 @@ def test_a_long_run_keeps_few_objects_per_call_until_it_is_read() -> None:
     ~127 objects per node step; the compact records keep ~13."""
     import gc
 
-    from langchain_core.language_models import BaseChatModel
-    from langchain_core.outputs import ChatGeneration, ChatResult
+    from langgraph_art.testing import long_run_graph
 
-    class Scripted(BaseChatModel):
-        def _generate(self, messages: Any, stop: Any = None, run_manager: Any = None, **kw: Any) -> ChatResult:
-            content = [{"token": "t", "logprob": -0.5, "bytes": [116], "top_logprobs": [], "token_id": i}
-                       for i in range(32)]  # fmt: skip
-            message = AIMessage("t" * 32, response_metadata={"logprobs": {"content": content}})
-            return ChatResult(generations=[ChatGeneration(message=message)])
-
-        @property
-        def _llm_type(self) -> str:
-            return "scripted"
-
-    class Count(TypedDict):
-        count: int
-
-    steps, llm = 300, Scripted()
-
-    def step(state: Count) -> dict:
-        llm.invoke([HumanMessage("go")])
-        return {"count": state["count"] + 1}
-
-    graph = StateGraph(Count)
-    graph.add_node("step", step)
-    graph.add_edge(START, "step")
-    graph.add_conditional_edges("step", lambda s: END if s["count"] >= steps else "step")
-    app = graph.compile().with_config(recursion_limit=steps + 10)
+    steps = 300
+    app = long_run_graph(steps)
     handler = TrajectoryCallbackHandler()
     app.invoke({"count": 0}, {"callbacks": [handler]})
     gc.collect()

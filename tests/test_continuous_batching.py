@@ -165,3 +165,19 @@ async def test_a_failed_join_fails_every_request_in_the_batch_and_the_engine_goe
         await asyncio.wait_for(task, 30)
     monkeypatch.undo()
     assert len((await engine.generate(request(ids, 3, seed=2, adapter=None))).samples[0].token_ids) == 3
+
+
+async def test_a_request_whose_adapter_was_unloaded_before_it_ran_fails_and_the_worker_goes_on(
+    engine: HFEngine,
+) -> None:
+    from langgraph_art.errors import ModelNotFoundError
+
+    ids = chat(engine, "hi")
+    task, _ = await first_tokens(engine, request(ids, 20, seed=1, adapter=None), 2)
+    unload = asyncio.create_task(engine.unload_adapter("a@1"))
+    await asyncio.sleep(0)  # the unload is queued behind the running batch; this request behind the unload
+    with pytest.raises(ModelNotFoundError, match="unloaded before the request ran"):
+        await asyncio.wait_for(engine.generate(request(ids, 4, seed=2, adapter="a@1")), 30)
+    await unload
+    await task
+    assert len((await engine.generate(request(ids, 3, seed=2, adapter=None))).samples[0].token_ids) == 3

@@ -320,27 +320,35 @@ class HFEngine:
         return batch
 
     def _run_batch(self, jobs: list[Job]) -> None:
-        """Decode ``jobs`` as one running batch; same-adapter requests queued meanwhile join it between steps."""
+        """Decode ``jobs`` as one running batch; same-adapter requests queued meanwhile join it between steps.
+        Any error (an adapter unloaded under the request, a failed forward) goes to every unfinished request of
+        the batch; the worker goes on."""
         self.batches_run += 1
         adapter = jobs[0].request.adapter
-        with self._adapters.use(adapter) as policy:
-            if self._fast is not None and policy.plain:
-                self._fast.relink(self._lm)
-                steps: Steps = FastSteps(self._fast, max(job.max_new for job in jobs), policy.fast_lora)
-            else:
-                steps = HFSteps(policy.model, self._cache_kwarg)
-            batch = RunningBatch(steps, self._finish_if_done, self._rng, self._pad)
-            try:
+        batch: RunningBatch | None = None
+        try:
+            with self._adapters.use(adapter) as policy:
+                if self._fast is not None and policy.plain:
+                    self._fast.relink(self._lm)
+                    steps: Steps = FastSteps(self._fast, max(job.max_new for job in jobs), policy.fast_lora)
+                else:
+                    steps = HFSteps(policy.model, self._cache_kwarg)
+                batch = RunningBatch(steps, self._finish_if_done, self._rng, self._pad)
                 batch.admit(jobs)
                 while batch.rows:
                     batch.step()
                     joiners = self._take_joiners(adapter, batch.size) if batch.rows and steps.can_join else []
                     if joiners:
                         batch.admit(joiners)
-            except Exception as exc:
-                log.exception("batch of %d requests failed", len(batch.jobs))
+        except Exception as exc:
+            log.exception("batch of %d requests failed", len(batch.jobs) if batch is not None else len(jobs))
+            if batch is None:
+                for job in jobs:
+                    job.post(exc)
+            else:
                 batch.fail(exc)
-            finally:
+        finally:
+            if batch is not None:
                 self.prefills_shared += batch.prefills_shared
                 self.requests_joined += batch.joined
 
