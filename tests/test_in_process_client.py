@@ -34,5 +34,11 @@ def test_chat_art_on_a_local_backend_talks_in_process(tmp_path: Path) -> None:
         missing = art.ChatART(model=model, max_tokens=2, max_retries=0).bind(model="nobody")
         with pytest.raises(openai.NotFoundError, match="nobody"):
             missing.invoke("hello")
+        slow = art.ChatART(model=model, max_tokens=400, timeout=0.01, max_retries=0, extra_body={"ignore_eos": True})
+        with pytest.raises(openai.APITimeoutError):  # a custom transport must enforce httpx's timeout itself
+            slow.invoke("hello")
+        with pytest.raises(openai.APITimeoutError):
+            asyncio.run(slow.ainvoke("hello"))
+        assert llm.invoke("hello").content is not None  # and the server goes on
         remote = art.ChatART(model=model, base_url="http://127.0.0.1:9/v1", max_retries=0)  # the user's own URL
         assert not isinstance(remote.root_client._client._transport, InProcessTransport)

@@ -36,11 +36,22 @@ class InProcessTransport(_httpx.AsyncBaseTransport, _httpx.BaseTransport):  # ty
             self.app, self.loop, request, content, lambda m: caller.call_soon_threadsafe(chunks.put_nowait, m)
         )
         self._start(exchange)
-        status, headers = await chunks.get()
+        wait = _read_timeout(request)
+
+        async def take() -> Any:
+            try:
+                return await asyncio.wait_for(chunks.get(), wait)
+            except TimeoutError:
+                exchange.disconnect()
+                raise _httpx.ReadTimeout(
+                    f"no answer from the embedded server within {wait} s", request=request
+                ) from None
+
+        status, headers = await take()
 
         async def body() -> AsyncIterator[bytes]:
             try:
-                while (chunk := await chunks.get()) is not _DONE:
+                while (chunk := await take()) is not _DONE:
                     if isinstance(chunk, BaseException):
                         raise chunk
                     yield chunk
@@ -55,11 +66,22 @@ class InProcessTransport(_httpx.AsyncBaseTransport, _httpx.BaseTransport):  # ty
         chunks: queue.SimpleQueue[Any] = queue.SimpleQueue()
         exchange = _Exchange(self.app, self.loop, request, request.read(), chunks.put)
         self._start(exchange)
-        status, headers = chunks.get()
+        wait = _read_timeout(request)
+
+        def take() -> Any:
+            try:
+                return chunks.get(timeout=wait)
+            except queue.Empty:
+                exchange.disconnect()
+                raise _httpx.ReadTimeout(
+                    f"no answer from the embedded server within {wait} s", request=request
+                ) from None
+
+        status, headers = take()
 
         def body() -> Iterator[bytes]:
             try:
-                while (chunk := chunks.get()) is not _DONE:
+                while (chunk := take()) is not _DONE:
                     if isinstance(chunk, BaseException):
                         raise chunk
                     yield chunk
@@ -82,7 +104,7 @@ class _Exchange:
         self, app: Any, loop: asyncio.AbstractEventLoop, request: Any, body: bytes, deliver: Callable[[Any], Any]
     ) -> None:
         self.app, self.loop, self.request, self.body, self.deliver = app, loop, request, body, deliver
-        self.started = False
+        self.started = self.finished = False
         self.gone = asyncio.Event()  # set when the caller closes the response (bound to the server's loop on use)
 
     async def run(self) -> None:
@@ -119,21 +141,32 @@ class _Exchange:
                 if message.get("body"):
                     self.deliver(message["body"])
                 if not message.get("more_body", False):
+                    self.finished = True
                     self.deliver(_DONE)
 
         try:
             await self.app(scope, receive, send)
-        except Exception as exc:  # noqa: BLE001 - handed to the caller as a transport error, not swallowed
-            error = _httpx.RemoteProtocolError(f"the embedded server failed this request: {exc!r}")
-            self.deliver(error if self.started else (500, [(b"content-type", b"text/plain")]))
+        except BaseException as exc:  # handed to the caller (a cancel at shutdown too), not swallowed
             if not self.started:
-                self.deliver(str(exc).encode())
+                self.deliver((500, [(b"content-type", b"text/plain")]))
+                self.deliver(f"the embedded server failed this request: {exc!r}".encode())
                 self.deliver(_DONE)
+            elif not self.finished:
+                self.deliver(_httpx.RemoteProtocolError(f"the embedded server failed this request: {exc!r}"))
+            if not isinstance(exc, Exception):
+                raise
 
     def disconnect(self) -> None:
         """The caller closed the response: tell a streaming app (from its own loop)."""
         if not self.loop.is_closed():
             self.loop.call_soon_threadsafe(self.gone.set)
+
+
+def _read_timeout(request: Any) -> float | None:
+    """httpx's read timeout of the request (a custom transport enforces its own timeouts)."""
+    timeout = request.extensions.get("timeout") or {}
+    value = timeout.get("read")
+    return float(value) if value is not None else None
 
 
 class _AsyncBody(_httpx.AsyncByteStream):  # type: ignore[name-defined]
