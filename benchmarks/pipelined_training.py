@@ -71,6 +71,8 @@ def run(model_name: str, steps: int, lag: int, seed: int, reward: str) -> dict[s
             "last": statistics.fmean(rewards[-4:]),
             "stale": statistics.fmean(m["off_policy/steps_mean"] for m in history),
             "updates": sum(m["train/updated"] for m in history),
+            "rollout_s": statistics.fmean(m["time/rollout_s"] for m in history),
+            "learn_s": statistics.fmean(m["time/learn_s"] for m in history),
         }
 
 
@@ -87,7 +89,8 @@ def main() -> None:
             results[lag].append(run(args.model, args.steps, lag, seed=pair, reward=args.reward))
             r = results[lag][-1]
             print(f"pair {pair} max_steps_off_policy={lag}: {r['wall_s']:.1f} s, reward {r['first']:.2f} -> "
-                  f"{r['last']:.2f}, staleness {r['stale']:.2f}", flush=True)  # fmt: skip
+                  f"{r['last']:.2f}, staleness {r['stale']:.2f}, {r['updates']:.0f} updates, per step: rollout "
+                  f"{r['rollout_s']:.2f} s, learning {r['learn_s']:.2f} s", flush=True)  # fmt: skip
     print(f"\nmodel={args.model} reward={args.reward} steps={args.steps} pairs={args.pairs}")
     print("| max_steps_off_policy | wall s (median) | vs synchronous | reward first 4 -> last 4 | mean staleness |")
     print("|---:|---:|---:|---|---:|")

@@ -5,8 +5,10 @@ Shared by every engine, so prompt ids, tool-call parsing and logprob entries are
 
 from __future__ import annotations
 
+import collections
 import json
 import re
+import threading
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -29,6 +31,33 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], tools: list[di
             f"the messages cannot be rendered with this model's chat template: {exc}", "messages"
         ) from exc
     return [int(i) for i in ids]
+
+
+class PromptCache:
+    """``render_prompt`` remembered for the last ``size`` distinct (messages, tools): the runs of a GRPO group all
+    send the same first prompt, and rendering the chat template is ~5% of a call's CPU in the server."""
+
+    def __init__(self, tokenizer: Any, size: int = 256) -> None:
+        self.tokenizer, self.size = tokenizer, size
+        self._ids: collections.OrderedDict[str, tuple[int, ...]] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        try:
+            key = json.dumps([messages, tools], sort_keys=True)
+        except (TypeError, ValueError):  # not plain JSON: render it, do not guess a key
+            return render_prompt(self.tokenizer, messages, tools)
+        with self._lock:
+            ids = self._ids.get(key)
+            if ids is not None:
+                self._ids.move_to_end(key)
+                return list(ids)
+        rendered = render_prompt(self.tokenizer, messages, tools)
+        with self._lock:
+            self._ids[key] = tuple(rendered)
+            while len(self._ids) > self.size:
+                self._ids.popitem(last=False)
+        return rendered
 
 
 def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:

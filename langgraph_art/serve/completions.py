@@ -14,7 +14,7 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from langgraph_art.errors import ModelNotFoundError
-from langgraph_art.serve.chat import StreamedText, TokenText, assistant_message, logprob_content, render_prompt
+from langgraph_art.serve.chat import PromptCache, StreamedText, TokenText, assistant_message, logprob_content
 from langgraph_art.serve.engines.base import Engine, FinishedEvent, GenerationRequest, GenerationResult
 from langgraph_art.serve.protocol import ChatCompletionRequest, error_body
 from langgraph_art.types import ModelRef
@@ -25,6 +25,7 @@ CALL_ID_HEADER = "x-langgraph-art-call-id"
 
 def completions_router(engine: Engine, ready: Callable[[], TokenText], policies: set[str]) -> APIRouter:
     router = APIRouter()
+    prompts: list[PromptCache] = []  # made on the first request: the tokenizer exists once the engine has loaded
 
     @router.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest) -> Any:
@@ -32,7 +33,9 @@ def completions_router(engine: Engine, ready: Callable[[], TokenText], policies:
         body.check_supported()
         adapter = resolve_adapter(engine, body.model, policies)
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
-        prompt = render_prompt(engine.tokenizer, body.template_messages(), tools)
+        if not prompts:
+            prompts.append(PromptCache(engine.tokenizer))
+        prompt = prompts[0].render(body.template_messages(), tools)
         call_id = uuid.uuid4().hex
         request = GenerationRequest(prompt, body.sampling_params(), adapter, call_id)
         headers = {CALL_ID_HEADER: call_id}
