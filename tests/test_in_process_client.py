@@ -42,3 +42,25 @@ def test_chat_art_on_a_local_backend_talks_in_process(tmp_path: Path) -> None:
         assert llm.invoke("hello").content is not None  # and the server goes on
         remote = art.ChatART(model=model, base_url="http://127.0.0.1:9/v1", max_retries=0)  # the user's own URL
         assert not isinstance(remote.root_client._client._transport, InProcessTransport)
+
+
+def test_a_stream_the_client_leaves_stops_decoding(tmp_path: Path) -> None:
+    import time
+
+    with art.LocalBackend(home=tmp_path) as backend:
+        model = art.TrainableModel(name="m", project="p").register(backend)
+        llm = art.ChatART(model=model, max_tokens=2000, extra_body={"ignore_eos": True})
+
+        async def leave_async() -> None:
+            index = 0
+            async for _ in llm.astream("hello"):
+                index += 1
+                if index == 3:
+                    break
+
+        for leave in (lambda: next(iter(llm.stream("hello"))), lambda: asyncio.run(leave_async())):
+            leave()
+            time.sleep(0.3)  # the disconnect reaches the app, the engine drops the row at its next step
+            cpu = time.process_time()
+            time.sleep(1.0)
+            assert time.process_time() - cpu < 0.5  # 2000 tokens still decoding would keep a core busy
