@@ -3,12 +3,13 @@
     OMP_NUM_THREADS=1 python benchmarks/rollout_efficiency.py [--model tiny-5m] [--runs 16,64] [--calls 1,3]
 
 Whole stack: ``gather_groups`` runs a LangGraph graph ``runs`` times (one scenario), each run a node that calls
-``ChatART`` ``calls`` times in a row (each call sees the conversation so far), through the embedded HTTP server
-of a ``LocalBackend`` into its ``HFEngine``, with the trajectories captured and stored. Engine alone: the same
+``ChatART`` ``calls`` times in a row (each call sees the conversation so far), through the openai SDK and the
+embedded server's app of a ``LocalBackend`` (in process: ``serve/inprocess.py``) into its ``HFEngine``, with the
+trajectories captured and stored. Engine alone: the same
 engine object, the same number of requests of the same prompt (``calls`` rounds of ``runs`` requests that arrive
 together, each round's prompts extended by the previous completions), no HTTP, no graph, no capture. Both sample
-exactly ``--max-tokens`` tokens per call at temperature 1 (``ignore_eos``). Efficiency = stack tok/s / engine tok/s, the
-median of ``--rounds`` alternating rounds.
+exactly ``--max-tokens`` tokens per call at temperature 1 (``ignore_eos``). Efficiency = stack tok/s / engine
+tok/s: the median of ``--rounds`` ratios of rounds run back to back (this machine's speed drifts).
 """
 
 from __future__ import annotations
