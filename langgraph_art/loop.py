@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from langchain_core.runnables import Runnable
 
@@ -37,6 +37,16 @@ from langgraph_art.sinks import flush_langfuse, langfuse_exporter
 from langgraph_art.sync import run_sync
 
 log = logging.getLogger(__name__)
+
+
+class _Rollout(NamedTuple):
+    """A step's runs (each stored as it finished) and when they were sampled."""
+
+    groups: list[Any]
+    policy_step: int  # the checkpoint served when the rollout started
+    started: float  # perf_counter at its start: the step's time counts from here
+    wall: float  # time.time() at its start
+    seconds: float
 
 
 class Trainer:
@@ -135,7 +145,7 @@ class Trainer:
                     done += 1
                 rollout = await self._rollout(next_batch())
                 previous = learning[-1] if learning else None
-                learning.append(asyncio.create_task(self._learn_after(previous, *rollout)))
+                learning.append(asyncio.create_task(self._learn_after(previous, rollout)))
             while done < steps:
                 self._advance(bar, await learning[done])
                 done += 1
@@ -159,10 +169,10 @@ class Trainer:
 
     async def atrain_step(self, scenarios: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         """Async ``train_step``."""
-        return await self._learn(*await self._rollout(scenarios))
+        return await self._learn(await self._rollout(scenarios))
 
-    async def _rollout(self, scenarios: Sequence[Mapping[str, Any]]) -> tuple[list[Any], int, float, float, float]:
-        """The step's runs, each stored as it finishes: (groups, policy step, started, wall clock, rollout s)."""
+    async def _rollout(self, scenarios: Sequence[Mapping[str, Any]]) -> _Rollout:
+        """The step's runs, each stored as it finishes."""
         started, wall = time.perf_counter(), time.time()
         policy_step = await asyncio.to_thread(self.backend.current_step, self.model)
         groups = await agather_groups(
@@ -175,23 +185,22 @@ class Trainer:
             progress=False,
             metadata={"policy_step": policy_step, "training_run": self.run_id},
         )
-        return groups, policy_step, started, wall, time.perf_counter() - started
+        return _Rollout(groups, policy_step, started, wall, time.perf_counter() - started)
 
-    async def _learn_after(self, previous: asyncio.Task[Any] | None, *rollout: Any) -> dict[str, float]:
+    async def _learn_after(self, previous: asyncio.Task[Any] | None, rollout: _Rollout) -> dict[str, float]:
         """``_learn`` once the step before has learned; if that one failed, this step's groups are stored unscored
         and its error is raised here too (the runs themselves were stored as they finished)."""
         if previous is not None:
             await asyncio.wait([previous])
             if previous.cancelled() or previous.exception() is not None:
-                for group in rollout[0]:
+                for group in rollout.groups:
                     await asyncio.to_thread(self.store.add_group, group)
                 raise TrainingAborted("an earlier step failed; this step's runs are stored, not trained on")
-        return await self._learn(*rollout)
+        return await self._learn(rollout)
 
-    async def _learn(
-        self, groups: list[Any], policy_step: int, started: float, wall: float, rollout_s: float
-    ) -> dict[str, float]:
+    async def _learn(self, rollout: _Rollout) -> dict[str, float]:
         """Rewards, one update, checkpoint, metrics (the step's time counts from its rollout's start)."""
+        groups, policy_step = rollout.groups, rollout.policy_step
         learn_started = time.perf_counter()
         report = await ascore_groups(groups, self.rewards)
         trained_on = await asyncio.to_thread(self.backend.current_step, self.model)
@@ -211,9 +220,9 @@ class Trainer:
             "reward/mean": scored.pop("reward/total", float("nan")),  # the mean of the runs' weighted totals
             "reward/std": scored.pop("reward/total_std", float("nan")),
             "runs/failed": float(sum(len(g.failed) for g in groups)),
-            "time/rollout_s": rollout_s,
+            "time/rollout_s": rollout.seconds,
             "time/learn_s": time.perf_counter() - learn_started,
-            "time/step_s": time.perf_counter() - started,
+            "time/step_s": time.perf_counter() - rollout.started,
             "off_policy/steps_mean": sum(lags) / len(lags) if lags else 0.0,
             "off_policy/steps_max": float(max(lags, default=0)),
             "train/updated": float(result.updated),
@@ -223,7 +232,7 @@ class Trainer:
         if not result.updated:
             log.warning("step skipped: %s", result.reason)
         self.history.append(metrics)
-        await asyncio.to_thread(self._log, metrics, wall, policy_step)
+        await asyncio.to_thread(self._log, metrics, rollout.wall, policy_step)
         return metrics
 
     def _log(self, metrics: dict[str, float], wall: float, policy_step: int) -> None:

@@ -34,25 +34,26 @@ def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], tools: list[di
 
 
 class PromptCache:
-    """``render_prompt`` remembered for the last ``size`` distinct (messages, tools): the runs of a GRPO group all
-    send the same first prompt, and rendering the chat template is ~5% of a call's CPU in the server."""
+    """``render_prompt`` remembered for the last ``size`` distinct (messages, tools) of one engine's tokenizer: the
+    runs of a GRPO group all send the same first prompt, and rendering the chat template is ~5% of a call's CPU in
+    the server."""
 
-    def __init__(self, tokenizer: Any, size: int = 256) -> None:
-        self.tokenizer, self.size = tokenizer, size
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
         self._ids: collections.OrderedDict[str, tuple[int, ...]] = collections.OrderedDict()
         self._lock = threading.Lock()
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    def render(self, tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         try:
             key = json.dumps([messages, tools], sort_keys=True)
         except (TypeError, ValueError):  # not plain JSON: render it, do not guess a key
-            return render_prompt(self.tokenizer, messages, tools)
+            return render_prompt(tokenizer, messages, tools)
         with self._lock:
             ids = self._ids.get(key)
             if ids is not None:
                 self._ids.move_to_end(key)
                 return list(ids)
-        rendered = render_prompt(self.tokenizer, messages, tools)
+        rendered = render_prompt(tokenizer, messages, tools)
         with self._lock:
             self._ids[key] = tuple(rendered)
             while len(self._ids) > self.size:

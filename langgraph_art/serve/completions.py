@@ -25,7 +25,7 @@ CALL_ID_HEADER = "x-langgraph-art-call-id"
 
 def completions_router(engine: Engine, ready: Callable[[], TokenText], policies: set[str]) -> APIRouter:
     router = APIRouter()
-    prompts: list[PromptCache] = []  # made on the first request: the tokenizer exists once the engine has loaded
+    prompts = PromptCache()
 
     @router.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest) -> Any:
@@ -33,9 +33,7 @@ def completions_router(engine: Engine, ready: Callable[[], TokenText], policies:
         body.check_supported()
         adapter = resolve_adapter(engine, body.model, policies)
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
-        if not prompts:
-            prompts.append(PromptCache(engine.tokenizer))
-        prompt = prompts[0].render(body.template_messages(), tools)
+        prompt = prompts.render(engine.tokenizer, body.template_messages(), tools)
         call_id = uuid.uuid4().hex
         request = GenerationRequest(prompt, body.sampling_params(), adapter, call_id)
         headers = {CALL_ID_HEADER: call_id}

@@ -162,6 +162,12 @@ class _Exchange:
             self.loop.call_soon_threadsafe(self.gone.set)
 
 
+def _timed_out(exchange: _Exchange, request: Any, wait: float | None) -> Exception:
+    """Give up on ``exchange`` (the app hears the client left) and say so as httpx does."""
+    exchange.disconnect()
+    return _httpx.ReadTimeout(f"no answer from the embedded server within {wait} s", request=request)
+
+
 def _read_timeout(request: Any) -> float | None:
     """httpx's read timeout of the request (a custom transport enforces its own timeouts)."""
     timeout = request.extensions.get("timeout") or {}

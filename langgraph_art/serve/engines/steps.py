@@ -23,9 +23,7 @@ from langgraph_art.serve.engines.prefill import Prefill
 
 class Steps(Protocol):
     device: torch.device
-
-    @property
-    def can_join(self) -> bool: ...  # False: no rows can be appended while decoding (then batch after batch)
+    can_join: bool  # False: no rows can be appended while decoding (then batch after batch)
 
     def prefill(self, batch: Prefill) -> torch.Tensor: ...  # [B, V]
 
@@ -43,12 +41,7 @@ class HFSteps:
         self.cache: Any = None
         self.mask = self.next_pos = torch.empty(0)
         self.padded = False
-
-    @property
-    def can_join(self) -> bool:
-        """Only caches made of plain growing layers can be padded and concatenated (not sliding-window ones)."""
-        layers = getattr(self.cache, "layers", None) or []
-        return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+        self.can_join = False  # set by prefill: only caches of plain growing layers can be padded and concatenated
 
     def prefill(self, batch: Prefill) -> torch.Tensor:
         self.padded = batch.padded
@@ -60,6 +53,8 @@ class HFSteps:
             logits_to_keep=1,
         )
         self.cache = cache_of(out)
+        layers = getattr(self.cache, "layers", None) or []
+        self.can_join = bool(layers) and all(type(layer) is DynamicLayer for layer in layers)  # not sliding-window
         logits, self.mask, positions = out.logits[:, -1, :], batch.mask, batch.positions  # [U, V], [U, W], [U, W]
         if batch.shared:  # one cache row (and logits row) per sample, copied from its prompt's
             index = torch.tensor(batch.source, device=logits.device)
