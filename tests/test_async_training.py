@@ -244,3 +244,22 @@ def test_ruler_judge_on_plain_chat_openai_scores_repeatedly_from_sync_code(serve
         report = art.score_groups(groups, [judge])
         assert report.skipped_groups and "no usable verdict" in next(iter(report.skipped_groups.values()))
         assert judge.usage["calls"] == 2 * round_  # first try + one retry, every round
+
+
+async def test_pipelined_create_agent_trains_inside_a_running_loop(backend: art.LocalBackend) -> None:
+    """max_steps_off_policy=1 on a graph we did not write, from a notebook's running loop: the next step's rollouts
+    (create_agent's async model node, through the in-process client and a continuously batched engine) overlap
+    the update."""
+    from langchain.agents import create_agent
+
+    model = model_for(backend, "pipelined-agent")
+    llm = art.ChatART(model=model, temperature=1.0, max_tokens=8)
+    graph = create_agent(model=llm, tools=[get_weather], system_prompt="Answer with numbers.")
+    trainer = art.Trainer(graph, model, rewards=[varied], num_generations=4, config=CONFIG, max_steps_off_policy=1)
+    history = await trainer.atrain(SCENARIOS, steps=6, progress=False)
+    assert [m["runs/failed"] for m in history] == [0.0] * 6 and [m["train/updated"] for m in history] == [1.0] * 6
+    first = history[0]["policy_step"]  # each step's runs sampled with the checkpoint one or zero updates back
+    assert all(first + i - 1 <= m["policy_step"] <= first + i for i, m in enumerate(history))
+    assert all(m["off_policy/steps_max"] <= 1 for m in history)
+    stored = [t for t in backend.store(model).trajectories(status="ok") if t.metadata["training_run"] == trainer.run_id]
+    assert len(stored) == 24 and all(t.reward is not None for t in stored)
