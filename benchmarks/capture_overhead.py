@@ -119,43 +119,108 @@ def time_interleaved(graph: Any, runs: int, variants: dict[str, Any]) -> dict[st
     return {name: statistics.median(values) for name, values in times.items()}
 
 
-def long_runs(lengths: list[int], repeats: int = 9) -> None:
-    """Per-event cost in one run of each length, GC on. Each repeat runs the three variants back to back and
-    takes CPU time (``process_time``: other processes on the machine do not count); the cost is the median over
-    repeats of (variant - no handler). Assembly (reading ``.trajectories``) is timed apart."""
-    print("| steps in the run | events | do-nothing µs/event | ours µs/event | x floor | assembly ms |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    per_event: dict[int, float] = {}
-    for steps in lengths:
-        graph = long_run_graph(steps)
+def timed(cls: type) -> type:
+    """A subclass of ``cls`` whose own callbacks (those ``cls`` defines) add the time they take to
+    ``spent_ns``: the handler's cost without LangChain's dispatch around it."""
+
+    def wrap(method: Any) -> Any:
+        def timed_method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter_ns()
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                self.spent_ns += time.perf_counter_ns() - start
+
+        return timed_method
+
+    methods = {name: wrap(value) for name, value in vars(cls).items() if name.startswith("on_")}
+    return type(f"Timed{cls.__name__}", (cls,), {**methods, "spent_ns": 0})
+
+
+class GCClock:
+    """Nanoseconds the garbage collector ran (``gc.callbacks``), and how many collections of each generation."""
+
+    def __init__(self) -> None:
+        self.ns, self.collections, self._start = 0, [0, 0, 0], 0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter_ns()
+            self.collections[info["generation"]] += 1
+        else:
+            self.ns += time.perf_counter_ns() - self._start
+
+
+def long_runs(lengths: list[int], repeats: int = 5) -> None:
+    """Per-event capture cost in one run of each length, garbage collector on.
+
+    Measured directly, which this shared machine allows at the precision the target needs: the time spent in
+    the handler's own callbacks (``timed``) plus the garbage collector's time beyond a run without the handler
+    (``GCClock``: the objects a handler keeps make collections more frequent and longer; that cost lands
+    anywhere in the run). Runs shorter than the longest are repeated so every length covers as many events; the
+    lengths alternate within each repeat, medians over repeats. The difference of whole runs with and without
+    the handler (CPU time, ``process_time``) is printed beside it, with the do-nothing handler (LangChain's
+    dispatch, which the direct measure leaves out): it includes the dispatch but moves by more than the
+    handler's whole cost between runs here. Assembly (reading ``.trajectories``) is timed apart."""
+    handler_cls = timed(TrajectoryCallbackHandler)
+    graphs = {steps: long_run_graph(steps) for steps in lengths}
+    events: dict[int, int] = {}
+    for steps, graph in graphs.items():
         counter = Counter()
         graph.invoke({"count": 0}, {"callbacks": [counter]})
-        costs: dict[str, list[float]] = {"floor": [], "ours": []}
-        assembly: list[float] = []
-        for _ in range(repeats):
-            seconds = {}
-            for name, make in (
-                ("none", list),
-                ("floor", lambda: [DoNothing()]),
-                ("ours", lambda: [TrajectoryCallbackHandler()]),
-            ):
-                callbacks = make()
-                gc.collect()
-                start = time.process_time()
-                graph.invoke({"count": 0}, {"callbacks": callbacks})
-                seconds[name] = time.process_time() - start
-                if name == "ours":
+        events[steps] = counter.events
+    clock = GCClock()
+    gc.callbacks.append(clock)
+    samples: dict[int, dict[str, list[float]]] = {steps: {} for steps in lengths}
+    for _ in range(repeats):
+        for steps, graph in graphs.items():
+            times = max(lengths) // steps
+            cpu: dict[str, float] = {}
+            gc_ns: dict[str, int] = {}
+            spent = assembly = 0.0
+            for name, make in (("none", list), ("floor", lambda: [DoNothing()]), ("ours", lambda: [handler_cls()])):
+                cpu[name], gc_ns[name] = 0.0, 0
+                for _ in range(times):
+                    callbacks = make()
+                    gc.collect()
+                    clock.ns = 0
                     start = time.process_time()
-                    assert callbacks[0].trajectories
-                    assembly.append(time.process_time() - start)
-            for name in costs:
-                costs[name].append((seconds[name] - seconds["none"]) / counter.events * 1e6)
-        floor, ours = statistics.median(costs["floor"]), statistics.median(costs["ours"])
-        per_event[steps] = ours
-        asm = statistics.median(assembly) * 1e3
-        print(f"| {steps} | {counter.events} | {floor:.1f} | {ours:.1f} | {ours / floor:.1f} | {asm:.0f} |")
-    first, last = per_event[lengths[0]], per_event[lengths[-1]]
-    print(f"ours at {lengths[-1]} steps / at {lengths[0]} steps: {last / first:.2f}x")
+                    graph.invoke({"count": 0}, {"callbacks": callbacks})
+                    cpu[name] += time.process_time() - start
+                    gc_ns[name] += clock.ns
+                    if name == "ours":
+                        spent += callbacks[0].spent_ns / 1e3
+                        start = time.process_time()
+                        assert callbacks[0].trajectories
+                        assembly += (time.process_time() - start) * 1e3
+            n = events[steps] * times
+            row = {
+                "handler": spent / n,
+                "gc": (gc_ns["ours"] - gc_ns["none"]) / 1e3 / n,
+                "floor_diff": (cpu["floor"] - cpu["none"]) * 1e6 / n,
+                "ours_diff": (cpu["ours"] - cpu["none"]) * 1e6 / n,
+                "assembly": assembly / times,
+            }
+            for key, value in row.items():
+                samples[steps].setdefault(key, []).append(value)
+    gc.callbacks.remove(clock)
+    covered = min(max(lengths) // steps * events[steps] for steps in lengths)
+    print(f"medians over {repeats} repeats; every length covers at least {covered} events per repeat")
+    print(
+        "| steps in the run | events per run | handler µs/event | GC µs/event | capture µs/event "
+        "| whole-run difference: ours µs/event | do-nothing µs/event | assembly ms per run |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    capture: dict[int, float] = {}
+    for steps in lengths:
+        m = {key: statistics.median(values) for key, values in samples[steps].items()}
+        capture[steps] = m["handler"] + m["gc"]
+        print(
+            f"| {steps} | {events[steps]} | {m['handler']:.1f} | {m['gc']:.2f} | {capture[steps]:.1f} "
+            f"| {m['ours_diff']:.1f} | {m['floor_diff']:.1f} | {m['assembly']:.0f} |"
+        )
+    first, last = capture[lengths[0]], capture[lengths[-1]]
+    print(f"capture cost at {lengths[-1]} steps / at {lengths[0]} steps: {last / first:.2f}x")
 
 
 def main() -> None:
