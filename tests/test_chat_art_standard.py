@@ -106,3 +106,24 @@ class TestChatARTIntegration(ChatModelIntegrationTests):
     @pytest.mark.xfail(reason=_SMART)
     def test_unicode_tool_call_integration(self, model: Any, *args: Any, **kwargs: Any) -> None:
         super().test_unicode_tool_call_integration(model, *args, **kwargs)
+
+
+@pytest.mark.integration
+class TestChatARTInProcessIntegration(TestChatARTIntegration):
+    """The same suite with the in-process endpoint a LocalBackend gives ChatART (``capture/in_process.py``):
+    non-streaming calls skip the openai SDK and the app, so it must be as drop-in as the HTTP path."""
+
+    @pytest.fixture(autouse=True)
+    def _service(self, server: Any) -> None:
+        type(self)._base_url = server.base_url
+        type(self)._clients = server.in_process_clients()
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        return {**super().chat_model_params, **self._clients}
+
+    def test_the_direct_path_answers(self, model: Any) -> None:
+        endpoint = model.in_process
+        before = endpoint.answered
+        assert model.invoke("hello").content is not None
+        assert endpoint.answered == before + 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -64,3 +65,101 @@ def test_a_stream_the_client_leaves_stops_decoding(tmp_path: Path) -> None:
             cpu = time.process_time()
             time.sleep(1.0)
             assert time.process_time() - cpu < 0.5  # 2000 tokens still decoding would keep a core busy
+
+
+def test_non_streaming_calls_skip_the_sdk_and_answer_as_http_does(tmp_path: Path) -> None:
+    from langgraph_art.capture.callbacks import TrajectoryCallbackHandler
+    from langgraph_art.capture.in_process import DirectCompletions
+
+    with art.LocalBackend(home=tmp_path) as backend:
+        model = art.TrainableModel(name="m", project="p").register(backend)
+        served = backend.chat_model_settings(model)
+        direct = art.ChatART(model=model, temperature=0, max_tokens=8, max_retries=0)
+        clients = {"http_client": served["http_client"], "http_async_client": served["http_async_client"]}
+        over_http = art.ChatART(model=model, temperature=0, max_tokens=8, max_retries=0, **clients)
+        assert isinstance(direct.client, DirectCompletions) and isinstance(direct.async_client, DirectCompletions)
+        assert over_http.in_process is None  # the user's own clients see every call
+        endpoint = direct.in_process
+        assert direct.with_step(None).in_process is endpoint
+
+        def captured(llm: art.ChatART, run: Any) -> tuple[Any, Any]:
+            handler = TrajectoryCallbackHandler()
+            reply = run(llm, {"callbacks": [handler]})
+            (turn,) = handler.trajectories[0].turns()
+            return reply, turn
+
+        for run in (lambda llm, c: llm.invoke("hello", c), lambda llm, c: asyncio.run(llm.ainvoke("hello", c))):
+            before = endpoint.answered
+            mine, my_turn = captured(direct, run)
+            assert endpoint.answered == before + 1
+            theirs, their_turn = captured(over_http, run)
+            assert endpoint.answered == before + 1
+            assert mine.content == theirs.content and mine.usage_metadata == theirs.usage_metadata
+            assert mine.additional_kwargs == theirs.additional_kwargs
+            mine.response_metadata.pop("id"), theirs.response_metadata.pop("id")
+            assert mine.response_metadata == theirs.response_metadata  # logprobs, usage, model, finish reason ...
+            assert my_turn.token_ids == their_turn.token_ids and my_turn.prompt_token_ids == their_turn.prompt_token_ids
+            assert my_turn.logprobs == their_turn.logprobs and my_turn.call_id and my_turn.call_id != their_turn.call_id
+
+        streamed = list(direct.stream("hello"))  # streams go through the SDK and the app
+        assert len(streamed) > 1 and endpoint.answered == before + 1
+
+        # what the endpoint would refuse goes over HTTP, so the SDK raises what it raises for HTTP
+        for llm in (direct, over_http):
+            with pytest.raises(openai.BadRequestError, match="max_tokens must be at least 1, got -3"):
+                llm.invoke("hi", max_tokens=-3)
+            with pytest.raises(openai.NotFoundError, match="nobody"):
+                llm.bind(model="nobody").invoke("hi")
+        assert endpoint.answered == before + 1
+    with pytest.raises(openai.APIConnectionError):  # the server has stopped: as the SDK says it
+        direct.invoke("hello")
+
+
+def test_a_cancelled_direct_call_stops_decoding(tmp_path: Path) -> None:
+    import time
+
+    with art.LocalBackend(home=tmp_path) as backend:
+        model = art.TrainableModel(name="m", project="p").register(backend)
+        llm = art.ChatART(model=model, max_tokens=2000, extra_body={"ignore_eos": True})
+
+        async def cancel() -> None:
+            task = asyncio.ensure_future(llm.ainvoke("hello"))
+            await asyncio.sleep(0.3)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(cancel())
+        time.sleep(0.3)  # the cancel reaches the server's loop, the engine drops the row at its next step
+        cpu = time.process_time()
+        time.sleep(1.0)
+        assert time.process_time() - cpu < 0.5  # 2000 tokens still decoding would keep a core busy
+        assert llm.invoke("hello", max_tokens=3).content is not None
+
+
+def test_the_gc_heap_is_frozen_while_a_server_runs(tmp_path: Path) -> None:
+    import gc
+
+    from langgraph_art.serve import embedded
+
+    with art.LocalBackend(home=tmp_path / "a") as backend:
+        art.TrainableModel(name="m", project="p").register(backend)
+        server = backend.server(art.TrainableModel(name="m", project="p").base_model)
+        assert id(server) in embedded._heap_holders and gc.get_freeze_count() > 0
+    assert id(server) not in embedded._heap_holders
+    if not embedded._heap_holders:  # no other server of this test session holds it
+        assert gc.get_freeze_count() == 0
+    with art.LocalBackend(home=tmp_path / "b", freeze_gc=False) as backend:
+        art.TrainableModel(name="m", project="p").register(backend)
+        server = backend.server(art.TrainableModel(name="m", project="p").base_model)
+        assert id(server) not in embedded._heap_holders
+
+    first, second = object(), object()
+    embedded.hold_frozen_heap(first)
+    embedded.hold_frozen_heap(second)
+    embedded.release_frozen_heap(first)
+    assert gc.get_freeze_count() > 0  # the other holder keeps it frozen
+    embedded.release_frozen_heap(second)
+    embedded.release_frozen_heap(second)  # twice: no effect
+    if not embedded._heap_holders:
+        assert gc.get_freeze_count() == 0

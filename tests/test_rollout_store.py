@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -93,6 +94,88 @@ def test_gather_groups_keeps_failures_out_of_training_but_in_the_store(llm: Chat
             flaky_graph(llm), scenarios[1:], num_generations=3, on_failure="raise", store=store, progress=False
         )
     assert store.count(status="failed") == 6  # raised only after every run was stored
+
+
+def waiting_graph(release: Any, stagger: float = 0.0) -> Any:
+    """Runs of scenario 'slow' wait for ``release`` (an asyncio.Event); the others end at once, or the k-th
+    of them after k * ``stagger`` seconds."""
+    started = []
+
+    async def work(state: MessagesState) -> dict:
+        if state["messages"][0].content == "slow":
+            await release.wait()
+        else:
+            started.append(1)
+            await asyncio.sleep(stagger * (len(started) - 1))
+        return {"messages": [AIMessage("done")]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("work", work)
+    graph.add_edge(START, "work")
+    return graph.compile()
+
+
+def test_runs_are_stored_as_they_finish_and_a_cancelled_gather_keeps_them(tmp_path: Path) -> None:
+    from langgraph_art.capture.rollout import agather_groups
+
+    store = TrajectoryStore(tmp_path / "t.sqlite")
+    scenarios = [{"id": "fast", "input": {"messages": [("user", "fast")]}},
+                 {"id": "slow", "input": {"messages": [("user", "slow")]}}]  # fmt: skip
+
+    async def stored_while_others_run() -> None:
+        release = asyncio.Event()
+        task = asyncio.ensure_future(
+            agather_groups(waiting_graph(release), scenarios, 4, max_concurrency=8, store=store, progress=False)
+        )
+        for _ in range(200):  # the fast runs are stored while the slow ones still wait
+            await asyncio.sleep(0.01)
+            if store.count(scenario_id="fast") == 4:
+                break
+        assert store.count(scenario_id="fast") == 4 and store.count(scenario_id="slow") == 0
+        release.set()
+        await task
+
+    asyncio.run(stored_while_others_run())
+    assert store.count() == 8
+
+    slow_store = TrajectoryStore(tmp_path / "slow.sqlite")
+    write = slow_store.add_trajectories
+
+    def slow_write(trajectories: Any) -> None:
+        time.sleep(0.3)  # a slow disk: runs finish while a write is under way
+        write(trajectories)
+
+    slow_store.add_trajectories = slow_write  # type: ignore[method-assign]
+
+    async def cancelled() -> None:
+        graph = waiting_graph(asyncio.Event(), stagger=0.05)
+        task = asyncio.ensure_future(agather_groups(graph, scenarios, 4, store=slow_store, progress=False))
+        await asyncio.sleep(0.25)  # the fast runs have finished, the first one's write is under way
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancelled())  # the loop closes at once: what was not written by then would be lost
+    assert slow_store.count(scenario_id="fast") == 4 and slow_store.count() == 4
+
+
+def test_a_failed_write_is_raised_and_the_other_runs_are_stored(tmp_path: Path, caplog: Any) -> None:
+    store = TrajectoryStore(tmp_path / "t.sqlite")
+    write, calls = store.add_trajectories, []
+
+    def first_write_fails(trajectories: Any) -> None:
+        calls.append(list(trajectories))
+        if len(calls) == 1:
+            raise OSError("disk full")
+        write(calls[-1])
+
+    store.add_trajectories = first_write_fails  # type: ignore[method-assign]
+    scenarios = [{"id": f"s{i}", "input": {"messages": [("user", "fast")]}} for i in range(3)]
+    with pytest.raises(OSError, match="disk full"):
+        gather_groups(waiting_graph(None), scenarios, 4, max_concurrency=12, store=store, progress=False)
+    lost = {t.id for t in calls[0]}
+    assert store.count() == 12 - len(lost) and len(lost) >= 1  # every other run is stored
+    assert all(i in caplog.text for i in lost)  # the ones that are not are named in the log
 
 
 def test_bad_scenarios_and_settings_say_what_to_fix(llm: ChatART) -> None:

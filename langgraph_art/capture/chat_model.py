@@ -20,6 +20,7 @@ from langchain_openai import ChatOpenAI
 from pydantic import Field, model_validator
 
 from langgraph_art.capture.http import loop_safe_async_client
+from langgraph_art.capture.in_process import DirectCompletions
 from langgraph_art.capture.messages import to_openai_messages
 from langgraph_art.capture.recorder import (
     ART_LLM_TYPE,
@@ -53,6 +54,9 @@ class ChatART(ChatOpenAI):
     """False records this model's calls as context only (never trained on)."""
     recorder: TurnRecorder | None = Field(default_factory=TurnRecorder, exclude=True)
     """ChatART's own log of its calls; give it to a ``TrajectoryCallbackHandler`` (``recorders=[...]``)."""
+    in_process: Any = Field(default=None, exclude=True)
+    """Set by a ``LocalBackend``: its server answers this model's non-streaming calls in this process, without
+    the openai SDK (``capture/in_process.py``). None sends every call through the SDK."""
 
     @model_validator(mode="before")
     @classmethod
@@ -68,9 +72,14 @@ class ChatART(ChatOpenAI):
             values["model"] = served["model"]
             own_url = values.get("base_url") or values.get("openai_api_base")
             if not own_url or own_url == served["base_url"]:  # a server in this process: no sockets (inprocess.py)
+                own_clients = any(
+                    values.get(key) for key in ("client", "async_client", "http_client", "http_async_client")
+                )
                 for key in ("http_client", "http_async_client"):
                     if served.get(key) is not None and not values.get(key):
                         values[key] = served[key]
+                if not own_clients and values.get("in_process") is None:  # the user's own clients see every call
+                    values["in_process"] = served.get("in_process")
             values.setdefault("base_url", served["base_url"])
             values.setdefault("api_key", served.get("api_key") or "unused")
             if served.get("recorder") is not None:
@@ -93,6 +102,16 @@ class ChatART(ChatOpenAI):
             # the service's own key variable first; a local service started without a key accepts anything
             values["api_key"] = os.environ.get(ENV_API_KEY) or os.environ.get("OPENAI_API_KEY") or "unused"
         return values
+
+    @model_validator(mode="after")
+    def _answer_in_process(self) -> ChatART:
+        """Wrap the SDK resources ChatOpenAI built (its own validator ran first) when a local server answers."""
+        if self.in_process is not None:
+            if self.client is not None and not isinstance(self.client, DirectCompletions):
+                self.client = DirectCompletions(self.client, self.in_process)
+            if self.async_client is not None and not isinstance(self.async_client, DirectCompletions):
+                self.async_client = DirectCompletions(self.async_client, self.in_process)
+        return self
 
     @property
     def _llm_type(self) -> str:
@@ -139,6 +158,9 @@ class ChatART(ChatOpenAI):
             if body.get("prompt_token_ids") is not None:
                 info["prompt_token_ids"] = body["prompt_token_ids"]
             generation.generation_info = info
+        if isinstance(response, dict) and result.generations and choices and "refusal" in choices[0]["message"]:
+            # an in-process answer is a dict; from a parsed response langchain-openai copies this one field
+            result.generations[0].message.additional_kwargs["refusal"] = choices[0]["message"]["refusal"]
         return result
 
     def _convert_chunk_to_generation_chunk(

@@ -188,23 +188,28 @@ async def agather_groups(
         for s in scenarios
     ]
     bar = ProgressBar("rollouts", len(scenarios) * num_generations, progress, transient=True)
+    writer = _Writer(store) if store is not None else None
     failures = 0
 
     async def one(group: TrajectoryGroup, scenario: Mapping[str, Any], generation: int) -> Trajectory:
         meta = {**(metadata or {}), "scenario_id": group.scenario_id, "group_id": group.id, "generation": generation}
         async with limit:
-            trajectory = await arollout(
-                graph, scenario["input"], config, metadata=meta, recorders=recorders, store=store
-            )
+            trajectory = await arollout(graph, scenario["input"], config, metadata=meta, recorders=recorders)
+        if writer is not None:
+            writer.add(trajectory)
         nonlocal failures
         failures += trajectory.status == "failed"
         bar.advance(f"{failures} failed")
         return trajectory
 
     with bar:
-        results = await asyncio.gather(
-            *(one(g, s, i) for g, s in zip(groups, scenarios, strict=True) for i in range(num_generations))
-        )
+        try:
+            results = await asyncio.gather(
+                *(one(g, s, i) for g, s in zip(groups, scenarios, strict=True) for i in range(num_generations))
+            )
+        finally:  # cancelled or not, the runs that finished are stored
+            if writer is not None:
+                await asyncio.shield(writer.drain())
     for index, group in enumerate(groups):
         group.trajectories = list(results[index * num_generations : (index + 1) * num_generations])
         group.metadata["failed"] = len(group.failed)
@@ -223,6 +228,39 @@ async def agather_groups(
         if on_failure == "raise":
             raise RolloutError(failed)
     return groups
+
+
+class _Writer:
+    """Stores finished runs as they come, off the event loop: runs that finish while a write is under way go in
+    the next transaction together. One ``asyncio.to_thread`` write per run made each run wait its turn for a
+    worker thread and the GIL (2.9 ms per run at 16 concurrent runs, against 0.16 ms for the write itself).
+    ``drain()`` returns when every run added is stored, and raises the first failed write."""
+
+    def __init__(self, store: TrajectoryStore) -> None:
+        self.store = store
+        self.pending: list[Trajectory] = []
+        self.task: asyncio.Task[None] | None = None
+        self.errors: list[BaseException] = []
+
+    def add(self, trajectory: Trajectory) -> None:
+        self.pending.append(trajectory)
+        if self.task is None or self.task.done():
+            self.task = asyncio.ensure_future(self._write())
+
+    async def _write(self) -> None:
+        while self.pending:
+            batch, self.pending = self.pending, []
+            try:
+                await asyncio.to_thread(self.store.add_trajectories, batch)
+            except Exception as exc:  # raised by drain(); the batch is logged, not dropped quietly
+                log.exception("could not store %d trajectories (ids %s)", len(batch), [t.id for t in batch])
+                self.errors.append(exc)
+
+    async def drain(self) -> None:
+        while self.task is not None and not self.task.done():
+            await asyncio.wait([self.task])
+        if self.errors:
+            raise self.errors[0]
 
 
 def gather_groups(

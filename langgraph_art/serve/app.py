@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse
 from langgraph_art.errors import EngineNotReadyError
 from langgraph_art.serve.catalog import catalog_router
 from langgraph_art.serve.chat import TokenText
-from langgraph_art.serve.completions import CALL_ID_HEADER, completions_router
+from langgraph_art.serve.completions import CALL_ID_HEADER, ChatCompletions
 from langgraph_art.serve.engines.base import Engine
 from langgraph_art.serve.http_errors import install_error_handlers
 from langgraph_art.serve.protocol import error_body
@@ -86,7 +86,9 @@ def create_app(
         return JSONResponse({"status": "ok", "model": engine.base_model, "adapters": sorted(engine.adapters())})
 
     app.include_router(catalog_router(engine, ready, policies, roots))
-    app.include_router(completions_router(engine, ready, policies))
+    completions = ChatCompletions(engine, ready, policies)
+    app.state.chat_completions = completions  # the in-process client calls it directly (inprocess.py)
+    app.include_router(completions.router())
     return app
 
 

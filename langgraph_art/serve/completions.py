@@ -23,32 +23,49 @@ log = logging.getLogger(__name__)
 CALL_ID_HEADER = "x-langgraph-art-call-id"
 
 
-def completions_router(engine: Engine, ready: Callable[[], TokenText], policies: set[str]) -> APIRouter:
-    router = APIRouter()
-    prompts = PromptCache()
+class ChatCompletions:
+    """The chat completions endpoint: ``router()`` serves it over HTTP; ``complete`` answers a non-streaming
+    request as the route does (the in-process client of ``inprocess.py`` calls it directly)."""
 
-    @router.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest) -> Any:
-        token_text = ready()
+    def __init__(self, engine: Engine, ready: Callable[[], TokenText], policies: set[str]) -> None:
+        self.engine, self.ready, self.policies = engine, ready, policies
+        self.prompts = PromptCache()
+
+    def prepare(self, body: ChatCompletionRequest) -> tuple[TokenText, GenerationRequest]:
+        """Check the request and render its prompt; the errors are the route's (400, 404, 503)."""
+        token_text = self.ready()
         body.check_supported()
-        adapter = resolve_adapter(engine, body.model, policies)
+        adapter = resolve_adapter(self.engine, body.model, self.policies)
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
-        prompt = prompts.render(engine.tokenizer, body.template_messages(), tools)
-        call_id = uuid.uuid4().hex
-        request = GenerationRequest(prompt, body.sampling_params(), adapter, call_id)
-        headers = {CALL_ID_HEADER: call_id}
-        if body.stream:
-            events = engine.stream(request)
-            first = await anext(aiter(events))  # errors before the first token still become proper 4xx/5xx
-            return StreamingResponse(
-                _sse(body, events, first, engine, token_text, call_id, prompt, adapter or body.model),
-                media_type="text/event-stream",
-                headers=headers,
-            )
-        result = await engine.generate(request)
-        return JSONResponse(_completion(body, result, token_text, call_id), headers=headers)
+        prompt = self.prompts.render(self.engine.tokenizer, body.template_messages(), tools)
+        return token_text, GenerationRequest(prompt, body.sampling_params(), adapter, uuid.uuid4().hex)
 
-    return router
+    async def complete(self, body: ChatCompletionRequest) -> tuple[dict[str, Any], dict[str, str]]:
+        """The response body and headers of a non-streaming request."""
+        token_text, request = self.prepare(body)
+        result = await self.engine.generate(request)
+        return _completion(body, result, token_text, request.request_id), {CALL_ID_HEADER: request.request_id}
+
+    def router(self) -> APIRouter:
+        router = APIRouter()
+
+        @router.post("/v1/chat/completions")
+        async def chat_completions(body: ChatCompletionRequest) -> Any:
+            if not body.stream:
+                response, headers = await self.complete(body)
+                return JSONResponse(response, headers=headers)
+            token_text, request = self.prepare(body)
+            call_id = request.request_id
+            events = self.engine.stream(request)
+            first = await anext(aiter(events))  # errors before the first token still become proper 4xx/5xx
+            served = request.adapter or body.model
+            return StreamingResponse(
+                _sse(body, events, first, self.engine, token_text, call_id, request.prompt_token_ids, served),
+                media_type="text/event-stream",
+                headers={CALL_ID_HEADER: call_id},
+            )
+
+        return router
 
 
 def resolve_adapter(engine: Engine, model: str, policies: set[str] | frozenset[str] = frozenset()) -> str | None:
@@ -76,33 +93,37 @@ def resolve_adapter(engine: Engine, model: str, policies: set[str] | frozenset[s
 def _completion(
     body: ChatCompletionRequest, result: GenerationResult, token_text: TokenText, call_id: str
 ) -> dict[str, Any]:
+    """The response body, with the null fields OpenAI's API sends (``refusal``, ``system_fingerprint``, token
+    details): the openai SDK fills them in when it parses the JSON, and the in-process client hands this dict
+    to langchain-openai as it is, so both paths give the same message."""
     choices = []
     for sample in result.samples:
         message, finish = assistant_message(sample, body.tools_enabled())
         choice: dict[str, Any] = {
             "index": sample.index,
-            "message": message,
+            "message": {**message, "refusal": None},
             "finish_reason": finish,
             "logprobs": None,
         }
         if body.logprobs:
-            choice["logprobs"] = {
-                "content": logprob_content(sample.token_ids, sample.logprobs, sample.top_logprobs, token_text)
-            }
+            content = logprob_content(sample.token_ids, sample.logprobs, sample.top_logprobs, token_text)
+            choice["logprobs"] = {"content": content, "refusal": None}
         if body.return_token_ids:
             choice["token_ids"] = sample.token_ids
         choices.append(choice)
     completion_tokens = sum(len(s.token_ids) for s in result.samples)
+    usage = _usage(len(result.prompt_token_ids), completion_tokens)
     response = {
         "id": f"chatcmpl-{call_id}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": result.adapter or body.model,  # the adapter that answered: "agent" resolves to "agent@7"
         "choices": choices,
-        "usage": _usage(len(result.prompt_token_ids), completion_tokens),
+        "system_fingerprint": None,
+        "usage": {**usage, "prompt_tokens_details": None, "completion_tokens_details": None},
     }
-    if body.return_token_ids:
-        response["prompt_token_ids"] = result.prompt_token_ids
+    if body.return_token_ids:  # a copy: the prompt's list may be the prompt cache's own
+        response["prompt_token_ids"] = list(result.prompt_token_ids)
     return response
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import socket
 import threading
@@ -13,6 +14,31 @@ from typing import Any, TypeVar
 from langgraph_art.errors import EngineNotReadyError
 
 T = TypeVar("T")
+_heap_holders: set[int] = set()  # running servers that keep the GC heap frozen (the heap is the process's)
+_heap_lock = threading.Lock()
+
+
+def hold_frozen_heap(holder: object) -> None:
+    """Collect, then freeze every object alive now (``gc.freeze``): the ~500k objects of the loaded libraries and
+    model leave the collector's view. A full collection of them took ~270 ms, every few rollout rounds of 16 runs
+    on tiny-5m (``benchmarks/rollout_efficiency.py``). vLLM freezes its heap after start-up for the same reason."""
+    with _heap_lock:
+        _heap_holders.add(id(holder))
+        gc.collect()
+        gc.freeze()
+
+
+def release_frozen_heap(holder: object) -> None:
+    """Give the frozen objects back to the collector (what was freezed and died since can be collected); freeze
+    again what is still alive if other servers still hold the heap."""
+    with _heap_lock:
+        if id(holder) not in _heap_holders:
+            return
+        _heap_holders.discard(id(holder))
+        gc.unfreeze()
+        gc.collect()
+        if _heap_holders:
+            gc.freeze()
 
 
 class EmbeddedServer:
@@ -31,11 +57,13 @@ class EmbeddedServer:
         api_key: str | None = None,
         adapter_roots: Any = None,
         engine: str = "hf",
+        freeze_gc: bool = True,
         **engine_kwargs: Any,
     ) -> None:
         """``model``: a model (name, folder, hub id) for a new ``engine`` (``"hf"`` or ``"vllm"``, built with
         ``engine_kwargs``), or an engine object. ``adapter_roots``: folders ``POST /v1/adapters`` may load from
-        (None: any; see ``create_app``)."""
+        (None: any; see ``create_app``). ``freeze_gc``: once loaded, move the objects alive then out of the garbage
+        collector's view until ``stop()`` (``hold_frozen_heap``)."""
         from langgraph_art.serve.app import create_app
 
         if isinstance(model, str | os.PathLike):
@@ -50,6 +78,7 @@ class EmbeddedServer:
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._clients: dict[str, Any] | None = None
+        self._freeze_gc = freeze_gc
 
     @property
     def base_url(self) -> str:
@@ -73,6 +102,8 @@ class EmbeddedServer:
         )
         self._thread.start()
         self._wait_ready(timeout)
+        if self._freeze_gc:
+            hold_frozen_heap(self)
         return self
 
     async def _serve(self, sock: socket.socket) -> None:
@@ -88,18 +119,21 @@ class EmbeddedServer:
 
     def in_process_clients(self) -> dict[str, Any]:
         """``http_client`` and ``http_async_client`` for openai/langchain-openai clients in this process: requests
-        go straight to the app on the server's loop (``InProcessTransport``), not through loopback sockets."""
+        go straight to the app on the server's loop (``InProcessTransport``), not through loopback sockets; and
+        ``in_process``, which answers ChatART's non-streaming completions without the app
+        (``InProcessCompletions``)."""
         if self._loop is None or self._thread is None:
             raise EngineNotReadyError("the embedded server is not running: call start() first")
         if self._clients is None:
             import openai
 
-            from langgraph_art.serve.inprocess import InProcessTransport
+            from langgraph_art.serve.inprocess import InProcessCompletions, InProcessTransport
 
             transport = InProcessTransport(self.app, self._loop, self._thread)
             self._clients = {
                 "http_client": openai.DefaultHttpxClient(transport=transport),
                 "http_async_client": openai.DefaultAsyncHttpxClient(transport=transport),
+                "in_process": InProcessCompletions(self.app.state.chat_completions, self._loop, self._thread),
             }
         return self._clients
 
@@ -131,6 +165,7 @@ class EmbeddedServer:
         if self._thread is not None:
             self._thread.join(timeout=30)
             self._thread = None
+        release_frozen_heap(self)
 
     def __enter__(self) -> EmbeddedServer:
         return self.start()
