@@ -181,3 +181,27 @@ async def test_a_request_whose_adapter_was_unloaded_before_it_ran_fails_and_the_
     await unload
     await task
     assert len((await engine.generate(request(ids, 3, seed=2, adapter=None))).samples[0].token_ids) == 3
+
+
+@pytest.mark.parametrize("wait_ms", [0.0, 50.0])
+async def test_an_idle_engine_gathers_a_burst_of_arrivals_into_one_batch(tiny_path: Path, wait_ms: float) -> None:
+    with pytest.raises(ValueError, match="batch_wait_ms must be >= 0"):
+        HFEngine(str(tiny_path), batch_wait_ms=-1)
+    eng = HFEngine(str(tiny_path), max_batch_size=16, batch_wait_ms=wait_ms)
+    await eng.start()
+    try:
+        ids = chat(eng, "hello")
+
+        async def staggered(i: int) -> Any:
+            await asyncio.sleep(0.005 * i)  # arrivals 5 ms apart, as agent runs send their next calls
+            return await eng.generate(request(ids, 4, seed=i, adapter=None))
+
+        before_batches, before_joined = eng.batches_run, eng.requests_joined
+        results = await asyncio.gather(*(staggered(i) for i in range(6)))
+        assert all(len(r.samples[0].token_ids) == 4 for r in results)
+        if wait_ms:  # each arrival within 50 ms of the last: one batch, prefilled once, nobody joins late
+            assert eng.batches_run - before_batches == 1 and eng.requests_joined == before_joined
+        else:  # the first starts at once; the rest join it or run after it
+            assert eng.batches_run - before_batches + eng.requests_joined - before_joined > 1
+    finally:
+        await eng.close()

@@ -201,9 +201,29 @@ class ChatART(ChatOpenAI):
         **kwargs: Any,
     ) -> ChatResult:
         start = time.time()
-        result = await super()._agenerate(messages, stop=stop, run_manager=run_manager, **kwargs)
+        result = await self._agenerate_in_process(messages, stop, kwargs)
+        if result is None:
+            result = await super()._agenerate(messages, stop=stop, run_manager=run_manager, **kwargs)
         self._record(messages, stop, kwargs, _as_llm_result(result), run_manager, start)
         return result
+
+    async def _agenerate_in_process(
+        self, messages: list[BaseMessage], stop: list[str] | None, kwargs: dict[str, Any]
+    ) -> ChatResult | None:
+        """langchain-openai's ``_agenerate`` for a call the in-process endpoint answers, with the result built on
+        the event loop: langchain-openai builds it in a worker thread, and that hop (a thread and the GIL to wait
+        for, while the engine decodes) cost 16 runs of 3 calls about a tenth of their throughput. None: the call
+        takes langchain-openai's own path (an error is replayed there, so it raises as it always does)."""
+        if self.in_process is None or not isinstance(self.async_client, DirectCompletions):
+            return None
+        payload = self._get_request_payload(messages, stop=stop, **kwargs)
+        if "response_format" in payload or self._use_responses_api(payload):
+            return None
+        raw = await self.async_client.with_raw_response.answer(payload)
+        if raw is None:
+            return None
+        generation_info = {"headers": dict(raw.headers)} if self.include_response_headers else {}
+        return self._create_chat_result(raw.parse(), generation_info)
 
     def _stream(
         self,

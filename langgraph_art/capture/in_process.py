@@ -103,18 +103,21 @@ class _Raw:
 
 class _AsyncRaw(_Raw):
     async def create(self, **payload: Any) -> Any:
+        return await self.answer(payload) or await self.sdk.with_raw_response.create(**payload)
+
+    async def answer(self, payload: dict[str, Any]) -> InProcessResponse | None:
+        """The endpoint's answer, or None when the request must go through the SDK."""
         body = request_body(payload)
-        if body is not None:
-            timeout = self._timeout(payload)
-            try:
-                answer = await self.endpoint.acreate(body, timeout)
-            except TimeoutError:
-                raise self._timed_out(timeout) from None
-            except ConnectionError:  # the server stopped: the SDK says so its own way
-                answer = None
-            if answer is not None:
-                return InProcessResponse(*answer)
-        return await self.sdk.with_raw_response.create(**payload)
+        if body is None:
+            return None
+        timeout = self._timeout(payload)
+        try:
+            answer = await self.endpoint.acreate(body, timeout)
+        except TimeoutError:
+            raise self._timed_out(timeout) from None
+        except ConnectionError:  # the server stopped: the SDK says so its own way
+            return None
+        return InProcessResponse(*answer) if answer is not None else None
 
 
 class _SyncRaw(_Raw):

@@ -11,7 +11,17 @@ from langgraph_art.errors import ConfigError
 EngineName = Literal["hf", "vllm"]
 ENGINE_OPTIONS: dict[str, frozenset[str]] = {
     "hf": frozenset(
-        {"device", "dtype", "max_batch_size", "max_model_len", "seed", "fast_decode", "merge_adapters", "share_weights"}
+        {
+            "device",
+            "dtype",
+            "max_batch_size",
+            "max_model_len",
+            "seed",
+            "fast_decode",
+            "merge_adapters",
+            "share_weights",
+            "batch_wait_ms",
+        }
     ),
     "vllm": frozenset(
         {

@@ -19,6 +19,7 @@ import collections
 import logging
 import os
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -92,9 +93,12 @@ class HFEngine:
         fast_decode: bool = True,
         merge_adapters: bool | None = None,
         share_weights: bool | None = None,
+        batch_wait_ms: float = 2.0,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
+        if batch_wait_ms < 0:
+            raise ValueError(f"batch_wait_ms must be >= 0 (0: start each batch at once), got {batch_wait_ms}")
         if share_weights and merge_adapters:
             raise ConfigError(
                 "share_weights=True serves adapters unmerged (the trainer trains on the base weights); "
@@ -104,6 +108,7 @@ class HFEngine:
         self.base_model = served_name or self.model_path
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len or 0
+        self.batch_wait = batch_wait_ms / 1000
         self._device, self._dtype, self._seed = device, dtype, seed
         self._fast_decode, self._merge_adapters, self._share = fast_decode, merge_adapters, share_weights
         self._lora: HookedLora | None = None
@@ -284,6 +289,7 @@ class HFEngine:
                     self._cv.wait()
                 if self._closed:
                     return
+                self._gather_burst()
                 work = self._take_batch()
             if isinstance(work, _Command):
                 try:
@@ -293,6 +299,25 @@ class HFEngine:
                     work.loop.call_soon_threadsafe(_set_exception, work.future, exc)
                 continue
             self._run_batch(work)
+
+    def _gather_burst(self) -> None:
+        """Called with the lock held, the engine idle and a request queued: wait while requests keep arriving
+        (each within ``batch_wait`` of the last, for at most 10 x ``batch_wait``), so a burst starts as one batch.
+        Agent runs whose calls end together send their next calls one after another (each run's Python between
+        them holds the GIL); started at the first, the batch prefilled it alone and the rest joined a step later:
+        one more prefill per turn, and that row stayed a step ahead of the others for the rest of the run."""
+        if self.batch_wait <= 0:
+            return
+        deadline = time.monotonic() + 10 * self.batch_wait
+        quiet_until = time.monotonic() + self.batch_wait
+        queued = len(self._queue)
+        while not self._closed and queued < self.max_batch_size and not isinstance(self._queue[-1], _Command):
+            now = time.monotonic()
+            if now >= min(quiet_until, deadline):
+                return
+            self._cv.wait(min(quiet_until, deadline) - now)
+            if len(self._queue) != queued:  # another arrival: wait for a quiet gap again
+                queued, quiet_until = len(self._queue), time.monotonic() + self.batch_wait
 
     def _take_batch(self) -> _Command | list[Job]:
         """Called with the lock held: the next command, or the oldest job plus same-adapter jobs behind it."""
