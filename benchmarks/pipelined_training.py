@@ -51,11 +51,11 @@ def agent(llm: art.ChatART) -> object:
     return graph.compile()
 
 
-def run(model_name: str, steps: int, lag: int, seed: int, reward: str) -> dict[str, float]:
+def run(model_name: str, steps: int, lag: int, seed: int, reward: str, lr: float) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as home, art.LocalBackend(home=home) as backend:
         model = art.TrainableModel(name=f"digits-{lag}", project="bench", base_model=model_name).register(backend)
         llm = art.ChatART(model=model, temperature=1.0, max_tokens=32)  # type: ignore[call-arg,arg-type]
-        config = art.GRPOConfig(learning_rate=5e-3, lora_r=8, lora_alpha=16, seed=seed)
+        config = art.GRPOConfig(learning_rate=lr, lora_r=8, lora_alpha=16, seed=seed)
         trainer = art.Trainer(
             agent(llm), model, rewards=[REWARDS[reward]], num_generations=8, config=config, max_steps_off_policy=lag
         )
@@ -82,16 +82,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--pairs", type=int, default=2)
     parser.add_argument("--reward", choices=sorted(REWARDS), default="digits")
+    parser.add_argument("--lr", type=float, default=5e-3)
     args = parser.parse_args()
     results: dict[int, list[dict[str, float]]] = {0: [], 1: []}
     for pair in range(args.pairs):
         for lag in (0, 1) if pair % 2 == 0 else (1, 0):
-            results[lag].append(run(args.model, args.steps, lag, seed=pair, reward=args.reward))
+            results[lag].append(run(args.model, args.steps, lag, seed=pair, reward=args.reward, lr=args.lr))
             r = results[lag][-1]
             print(f"pair {pair} max_steps_off_policy={lag}: {r['wall_s']:.1f} s, reward {r['first']:.2f} -> "
                   f"{r['last']:.2f}, staleness {r['stale']:.2f}, {r['updates']:.0f} updates, per step: rollout "
                   f"{r['rollout_s']:.2f} s, learning {r['learn_s']:.2f} s", flush=True)  # fmt: skip
-    print(f"\nmodel={args.model} reward={args.reward} steps={args.steps} pairs={args.pairs}")
+    print(f"\nmodel={args.model} reward={args.reward} lr={args.lr} steps={args.steps} pairs={args.pairs}")
     print("| max_steps_off_policy | wall s (median) | vs synchronous | reward first 4 -> last 4 | mean staleness |")
     print("|---:|---:|---:|---|---:|")
     base = statistics.median(r["wall_s"] for r in results[0])

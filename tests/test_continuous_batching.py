@@ -196,6 +196,7 @@ async def test_an_idle_engine_gathers_a_burst_of_arrivals_into_one_batch(tiny_pa
             await asyncio.sleep(0.005 * i)  # arrivals 5 ms apart, as agent runs send their next calls
             return await eng.generate(request(ids, 4, seed=i, adapter=None))
 
+        await asyncio.gather(*(eng.generate(request(ids, 2, seed=i, adapter=None)) for i in range(2)))  # 2 rows
         before_batches, before_joined = eng.batches_run, eng.requests_joined
         results = await asyncio.gather(*(staggered(i) for i in range(6)))
         assert all(len(r.samples[0].token_ids) == 4 for r in results)
@@ -203,5 +204,21 @@ async def test_an_idle_engine_gathers_a_burst_of_arrivals_into_one_batch(tiny_pa
             assert eng.batches_run - before_batches == 1 and eng.requests_joined == before_joined
         else:  # the first starts at once; the rest join it or run after it
             assert eng.batches_run - before_batches + eng.requests_joined - before_joined > 1
+    finally:
+        await eng.close()
+
+
+async def test_a_lone_client_calling_in_turn_never_waits_for_a_burst(tiny_path: Path) -> None:
+    import time
+
+    eng = HFEngine(str(tiny_path), max_batch_size=16, batch_wait_ms=500)
+    await eng.start()
+    try:
+        ids = chat(eng, "hello")
+        await eng.generate(request(ids, 2, seed=0, adapter=None))
+        start = time.perf_counter()
+        for i in range(3):
+            await eng.generate(request(ids, 2, seed=i, adapter=None))
+        assert time.perf_counter() - start < 1.0  # waiting would cost 0.5 s per call
     finally:
         await eng.close()

@@ -109,6 +109,7 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len or 0
         self.batch_wait = batch_wait_ms / 1000
+        self._last_batch_rows = 0  # the most rows the last batch ran at once
         self._device, self._dtype, self._seed = device, dtype, seed
         self._fast_decode, self._merge_adapters, self._share = fast_decode, merge_adapters, share_weights
         self._lora: HookedLora | None = None
@@ -305,9 +306,10 @@ class HFEngine:
         (each within ``batch_wait`` of the last, for at most 10 x ``batch_wait``), so a burst starts as one batch.
         Agent runs whose calls end together send their next calls one after another (each run's Python between
         them holds the GIL); started at the first, the batch prefilled it alone and the rest joined a step later:
-        one more prefill per turn, and that row stayed a step ahead of the others for the rest of the run."""
-        if self.batch_wait <= 0:
-            return
+        one more prefill per turn, and that row stayed a step ahead of the others for the rest of the run. Only
+        after a batch of several rows, or with several requests queued: a lone client calling in turn pays nothing."""
+        if self.batch_wait <= 0 or (len(self._queue) == 1 and self._last_batch_rows <= 1):
+            return  # a lone request after lone requests (one client calling in turn) never waits
         deadline = time.monotonic() + 10 * self.batch_wait
         quiet_until = time.monotonic() + self.batch_wait
         queued = len(self._queue)
@@ -349,6 +351,7 @@ class HFEngine:
         Any error (an adapter unloaded under the request, a failed forward) goes to every unfinished request of
         the batch; the worker goes on."""
         self.batches_run += 1
+        self._last_batch_rows = 0
         adapter = jobs[0].request.adapter
         batch: RunningBatch | None = None
         try:
@@ -361,6 +364,7 @@ class HFEngine:
                 batch = RunningBatch(steps, self._finish_if_done, self._rng, self._pad)
                 batch.admit(jobs)
                 while batch.rows:
+                    self._last_batch_rows = max(self._last_batch_rows, batch.size)
                     batch.step()
                     joiners = self._take_joiners(adapter, batch.size) if batch.rows and steps.can_join else []
                     if joiners:
