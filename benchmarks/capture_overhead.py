@@ -2,7 +2,7 @@
 LangChain's own callback dispatch) and Langfuse's CallbackHandler pointed at a local sink, on the same graph in the
 same run.
 
-    OMP_NUM_THREADS=1 python benchmarks/capture_overhead.py [--runs 200] [--loops 4] [--long 100,3000]
+    OMP_NUM_THREADS=1 python benchmarks/capture_overhead.py [--runs 200] [--loops 4] [--long 100,3000 [--repeats 5]]
 
 ``--long``: one long run instead (a loop of N node steps, each calling a scripted chat model that returns 32
 tokens with logprobs, as ChatOpenAI reports them), garbage collector on: the per-event cost must not grow with N.
@@ -228,9 +228,10 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--loops", type=int, default=4, help="tool calls per run")
     parser.add_argument("--long", default="", help="run lengths for one long run each, e.g. 100,3000")
+    parser.add_argument("--repeats", type=int, default=5, help="with --long: repeats (medians over them)")
     args = parser.parse_args()
     if args.long:
-        long_runs([int(x) for x in args.long.split(",")])
+        long_runs([int(x) for x in args.long.split(",")], args.repeats)
         return
     graph = build_graph(args.loops)
     counter = Counter()
