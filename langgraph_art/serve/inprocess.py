@@ -25,7 +25,10 @@ import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+from pydantic import ValidationError
+
 from langgraph_art.capture.http import openai_httpx
+from langgraph_art.serve.protocol import ChatCompletionRequest
 
 log = logging.getLogger(__name__)
 _httpx = openai_httpx()
@@ -52,10 +55,7 @@ class InProcessTransport(_httpx.AsyncBaseTransport, _httpx.BaseTransport):  # ty
             try:
                 return await asyncio.wait_for(chunks.get(), wait)
             except TimeoutError:
-                exchange.disconnect()
-                raise _httpx.ReadTimeout(
-                    f"no answer from the embedded server within {wait} s", request=request
-                ) from None
+                raise _timed_out(exchange, request, wait) from None
 
         status, headers = await take()
 
@@ -82,10 +82,7 @@ class InProcessTransport(_httpx.AsyncBaseTransport, _httpx.BaseTransport):  # ty
             try:
                 return chunks.get(timeout=wait)
             except queue.Empty:
-                exchange.disconnect()
-                raise _httpx.ReadTimeout(
-                    f"no answer from the embedded server within {wait} s", request=request
-                ) from None
+                raise _timed_out(exchange, request, wait) from None
 
         status, headers = take()
 
@@ -141,10 +138,6 @@ class InProcessCompletions:
         return asyncio.run_coroutine_threadsafe(self._answer(body), self.loop)
 
     async def _answer(self, body: str) -> tuple[dict[str, Any], dict[str, str]] | None:
-        from pydantic import ValidationError
-
-        from langgraph_art.serve.protocol import ChatCompletionRequest
-
         try:
             request = ChatCompletionRequest.model_validate_json(body)  # the JSON the route would validate
         except ValidationError:
@@ -222,6 +215,12 @@ class _Exchange:
         """The caller closed the response: tell a streaming app (from its own loop)."""
         if not self.loop.is_closed():
             self.loop.call_soon_threadsafe(self.gone.set)
+
+
+def _timed_out(exchange: _Exchange, request: Any, wait: float | None) -> Exception:
+    """Give up on ``exchange`` (the app hears the client left) and say so as httpx does."""
+    exchange.disconnect()
+    return _httpx.ReadTimeout(f"no answer from the embedded server within {wait} s", request=request)
 
 
 def _read_timeout(request: Any) -> float | None:
