@@ -163,3 +163,21 @@ def test_the_gc_heap_is_frozen_while_a_server_runs(tmp_path: Path) -> None:
     embedded.release_frozen_heap(second)  # twice: no effect
     if not embedded._heap_holders:
         assert gc.get_freeze_count() == 0
+
+
+def test_a_refused_async_call_asks_the_endpoint_once(tmp_path: Path) -> None:
+    with art.LocalBackend(home=tmp_path) as backend:
+        model = art.TrainableModel(name="m", project="p").register(backend)
+        llm = art.ChatART(model=model, max_tokens=4, max_retries=0)
+        endpoint, asked = llm.in_process, []
+        answer = endpoint._answer
+
+        async def counted(body: str) -> Any:
+            asked.append(body)
+            return await answer(body)
+
+        endpoint._answer = counted
+        with pytest.raises(openai.NotFoundError, match="nobody"):
+            asyncio.run(llm.bind(model="nobody").ainvoke("hi"))
+        assert len(asked) == 1  # then the SDK, once
+        assert asyncio.run(llm.ainvoke("hi")).content is not None and len(asked) == 2

@@ -20,7 +20,7 @@ from langchain_openai import ChatOpenAI
 from pydantic import Field, model_validator
 
 from langgraph_art.capture.http import loop_safe_async_client
-from langgraph_art.capture.in_process import DirectCompletions
+from langgraph_art.capture.in_process import DirectCompletions, through_sdk
 from langgraph_art.capture.messages import to_openai_messages
 from langgraph_art.capture.recorder import (
     ART_LLM_TYPE,
@@ -203,7 +203,8 @@ class ChatART(ChatOpenAI):
         start = time.time()
         result = await self._agenerate_in_process(messages, stop, kwargs)
         if result is None:
-            result = await super()._agenerate(messages, stop=stop, run_manager=run_manager, **kwargs)
+            with through_sdk():  # refused in process (or not for it): the endpoint is not asked twice
+                result = await super()._agenerate(messages, stop=stop, run_manager=run_manager, **kwargs)
         self._record(messages, stop, kwargs, _as_llm_result(result), run_manager, start)
         return result
 

@@ -18,6 +18,9 @@ the app around the endpoint cost as much again, all of it holding the GIL the en
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Protocol
 
 import openai
@@ -27,6 +30,18 @@ from langgraph_art.capture.http import openai_httpx
 _httpx = openai_httpx()
 _REQUEST_OPTIONS = frozenset({"extra_headers", "extra_query", "extra_body", "timeout"})
 Answer = tuple[dict[str, Any], dict[str, str]]  # response body, headers
+_SDK_ONLY: ContextVar[bool] = ContextVar("langgraph_art_sdk_only", default=False)
+
+
+@contextmanager
+def through_sdk() -> Iterator[None]:
+    """Calls made inside go through the SDK only: for a request the endpoint has just refused (asking it again
+    would repeat the work, a failed generation included)."""
+    token = _SDK_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _SDK_ONLY.reset(token)
 
 
 class InProcessEndpoint(Protocol):
@@ -39,7 +54,7 @@ class InProcessEndpoint(Protocol):
 
 def request_body(payload: dict[str, Any]) -> str | None:
     """The JSON body the SDK would send for ``create(**payload)``; None when the shortcut does not apply."""
-    if payload.get("stream") or payload.get("extra_headers") or payload.get("extra_query"):
+    if _SDK_ONLY.get() or payload.get("stream") or payload.get("extra_headers") or payload.get("extra_query"):
         return None
     body = {k: v for k, v in payload.items() if k not in _REQUEST_OPTIONS and not _unset(v)}
     extra = payload.get("extra_body")
