@@ -14,19 +14,27 @@ from tests.helpers import digit_share, one_agent_graph
 digits = art.reward(digit_share, name="digits")
 
 
+SCENARIOS = [{"id": "numbers", "input": {"messages": [("user", "Write some numbers.")]}}]
+
+
+def digits_trainer(backend: art.LocalBackend, max_tokens: int) -> tuple[art.TrainableModel, art.Trainer]:
+    """The pipelined digits run (``max_steps_off_policy=1``) the tests train, here and in the test itself."""
+    model = art.TrainableModel(name="digits", project="pipelined").register(backend)
+    llm = art.ChatART(model=model, temperature=1.0, max_tokens=max_tokens)
+    config = art.GRPOConfig(learning_rate=5e-3, lora_r=8, lora_alpha=16, seed=0)
+    trainer = art.Trainer(
+        one_agent_graph(llm), model, rewards=[digits], num_generations=8, config=config, max_steps_off_policy=1
+    )
+    return model, trainer
+
+
 def main() -> None:
     home, steps = sys.argv[1], int(sys.argv[2])
     with art.LocalBackend(home=home) as backend:
-        model = art.TrainableModel(name="digits", project="pipelined").register(backend)
-        llm = art.ChatART(model=model, temperature=1.0, max_tokens=16)
-        config = art.GRPOConfig(learning_rate=5e-3, lora_r=8, lora_alpha=16, seed=0)
-        trainer = art.Trainer(
-            one_agent_graph(llm), model, rewards=[digits], num_generations=8, config=config, max_steps_off_policy=1
-        )
+        model, trainer = digits_trainer(backend, max_tokens=16)
         backend.trainer(model, trainer.config)
         print(f"resumed {backend.current_step(model)}", flush=True)
-        scenarios = [{"id": "numbers", "input": {"messages": [("user", "Write some numbers.")]}}]
-        trainer.train(scenarios, steps=steps, progress=False)
+        trainer.train(SCENARIOS, steps=steps, progress=False)
         print("finished", flush=True)
 
 

@@ -19,6 +19,7 @@ import langgraph_art as art
 from langgraph_art.store import TrajectoryStore
 from langgraph_art.train import checkpoint
 from tests.helpers import digit_share, one_agent_graph
+from tests.pipeline_worker import SCENARIOS, digits_trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 digits = art.reward(digit_share, name="digits")
@@ -36,14 +37,8 @@ def test_max_steps_off_policy_is_checked(tmp_path: Path, bad: object) -> None:
 @pytest.mark.slow
 def test_a_pipelined_run_learns_and_reports_its_staleness(tmp_path: Path) -> None:
     with art.LocalBackend(home=tmp_path) as backend:
-        model = art.TrainableModel(name="digits", project="pipelined").register(backend)
-        llm = art.ChatART(model=model, temperature=1.0, max_tokens=32)
-        config = art.GRPOConfig(learning_rate=5e-3, lora_r=8, lora_alpha=16, seed=0)
-        trainer = art.Trainer(
-            one_agent_graph(llm), model, rewards=[digits], num_generations=8, config=config, max_steps_off_policy=1
-        )
-        scenarios = [{"id": "numbers", "input": {"messages": [("user", "Write some numbers.")]}}]
-        history = trainer.train(scenarios, steps=40, progress=False)
+        _, trainer = digits_trainer(backend, max_tokens=32)
+        history = trainer.train(SCENARIOS, steps=40, progress=False)
         rewards = [m["reward/mean"] for m in history]
         assert rewards[0] < 0.1 and statistics.fmean(rewards[-10:]) > 0.5, rewards
         assert all(m["off_policy/steps_max"] <= 1 for m in history)  # never more than one update behind
