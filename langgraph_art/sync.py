@@ -13,6 +13,10 @@ The coroutine runs on one private event loop that lives, in its own daemon threa
   one-off loop in a helper thread instead of deadlocking.
 - Ctrl-C (or any exception raised while waiting) cancels the coroutine, waits briefly for it to unwind, and
   re-raises.
+- The loop's default executor has ``NODE_THREADS`` threads (made as needed), not asyncio's ``cpu_count + 4``:
+  LangGraph runs a graph's sync nodes there (``run_in_executor(None, ...)``), and each run in a model call holds
+  one thread. With 2 cores, 32 concurrent runs of a one-node sync graph took 1.06-1.34 s a round against
+  0.41-0.58 s for the same graph with an async node: six of them sampled at a time.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 _CANCEL_WAIT_S = 5.0
+NODE_THREADS = 256
 
 
 class _LoopThread:
@@ -35,6 +40,9 @@ class _LoopThread:
     def __init__(self) -> None:
         self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
+        self.loop.set_default_executor(
+            concurrent.futures.ThreadPoolExecutor(max_workers=NODE_THREADS, thread_name_prefix="langgraph-art-node")
+        )
         self.thread = threading.Thread(target=self._run, name="langgraph-art-loop", daemon=True)
         self.thread.start()
 
