@@ -122,12 +122,26 @@ async def test_a_command_is_a_barrier_for_joiners(engine: HFEngine, adapter: Pat
     ids = chat(engine, "hi")
     joined = engine.requests_joined
     task, _ = await first_tokens(engine, request(ids, 30, seed=1, adapter=None), 2)
-    load = asyncio.create_task(engine.load_adapter("b@1", str(adapter)))
+    load = asyncio.create_task(engine.load_adapter("a@1", str(adapter)))  # replacing a loaded name: a barrier
     await asyncio.sleep(0)  # queued behind the running batch
     late = await engine.generate(request(ids, 4, seed=2, adapter=None))
     assert load.done() and task.done()  # the load ran after the batch drained, the late request after the load
     assert engine.requests_joined == joined and len(late.samples[0].token_ids) == 4
     await task
+
+
+async def test_a_new_adapter_loads_between_two_steps_of_a_running_batch(engine: HFEngine, adapter: Path) -> None:
+    """A trainer's new checkpoint does not wait for the rollout batch running on the previous one (merged plain
+    LoRA); on weights shared with a trainer the load still waits for the batch (it adds hooks to the model)."""
+    ids = chat(engine, "hi")
+    task, _ = await first_tokens(engine, request(ids, 40, seed=1, adapter="a@1"), 2)
+    await engine.load_adapter("b@1", str(adapter))
+    assert task.done() is (engine.shared_base is not None)
+    first = await task
+    again = await engine.generate(request(ids, 40, seed=1, adapter="a@1"))
+    assert first.samples[0].token_ids == again.samples[0].token_ids  # the running rows were not disturbed
+    same = await asyncio.gather(*(engine.generate(request(ids, 8, seed=5, adapter=a)) for a in ("a@1", "b@1")))
+    assert same[0].samples[0].token_ids == same[1].samples[0].token_ids  # b@1 is the same folder, loaded right
 
 
 def test_a_joined_cache_is_right_aligned_and_its_unused_columns_go() -> None:

@@ -106,6 +106,23 @@ class AdapterSet:
         if previous is not None:  # replacing a name: the new weights are in place before the old go
             self._drop(previous)
 
+    def read(self, folder: str) -> _Adapter | None:
+        """The adapter in ``folder``, read ahead so that ``add`` can put it in while a batch runs: only for merged
+        plain LoRA (None otherwise: peft's loading and the shared model's hooks change what a running batch
+        uses, so those load between batches). Reads files and the model's shapes only: safe from any thread."""
+        if not self._merge:
+            return None
+        factors = read_plain_lora(self._lm, Path(folder))
+        return _Adapter(folder, factors) if factors is not None else None
+
+    def add(self, name: str, adapter: _Adapter) -> bool:
+        """Add an adapter from ``read`` under a new name (a running batch merged another one: untouched); False
+        when ``name`` is loaded already (replacing it waits for the batches that use it)."""
+        if name in self._names:
+            return False
+        self._names[name] = adapter
+        return True
+
     def unload(self, name: str) -> None:
         self._drop(self._names.pop(name))
 

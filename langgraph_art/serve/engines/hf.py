@@ -60,6 +60,7 @@ class _Command:
     run: Callable[[], Any]
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[Any]
+    between_steps: bool = False  # may run between two steps of a running batch (else: once the batch is done)
 
 
 SHARE_MIN_BYTES = LARGE_MODEL_BYTES  # share_weights=None: models this large train on the engine's weights
@@ -257,8 +258,14 @@ class HFEngine:
             job.cancelled = True  # a client that went away stops its rows at the next step
 
     async def load_adapter(self, name: str, path: str) -> None:
+        """A new merged plain-LoRA adapter goes in between two decode steps (the trainer's new checkpoint does not
+        wait for the rollout batch running on the previous one); any other load waits for the running batch."""
         folder = Path(path).resolve()  # the folder, not wherever a relative path points after a chdir
         read_adapter_config(name, folder)
+        if name not in self._adapters:
+            adapter = await asyncio.to_thread(self._adapters.read, str(folder))
+            if adapter is not None and await self._command(lambda: self._adapters.add(name, adapter), between=True):
+                return
         await self._command(lambda: self._adapters.load(name, str(folder)))
 
     async def unload_adapter(self, name: str) -> None:
@@ -269,13 +276,14 @@ class HFEngine:
     def adapters(self) -> dict[str, str]:
         return self._adapters.folders()
 
-    async def _command(self, run: Callable[[], Any], wait: bool = True) -> Any:
-        """Run ``run`` on the worker between batches (a barrier: nothing queued after it joins an earlier batch);
-        its result, or None at once when not ``wait``-ing."""
+    async def _command(self, run: Callable[[], Any], wait: bool = True, between: bool = False) -> Any:
+        """Run ``run`` on the worker between batches (a barrier: nothing queued after it joins an earlier batch),
+        or with ``between`` at the next step of a running batch (still in order: what was queued after it is
+        taken after it); its result, or None at once when not ``wait``-ing."""
         if not self._ready or self._closed:
             raise EngineNotReadyError("the engine is not running (still loading, or closed)")
         loop = asyncio.get_running_loop()
-        command = _Command(run=run, loop=loop, future=loop.create_future())
+        command = _Command(run=run, loop=loop, future=loop.create_future(), between_steps=between)
         with self._cv:
             self._queue.append(command)
             self._cv.notify()
@@ -293,11 +301,7 @@ class HFEngine:
                 self._gather_burst()
                 work = self._take_batch()
             if isinstance(work, _Command):
-                try:
-                    result = work.run()
-                    work.loop.call_soon_threadsafe(_set_result, work.future, result)
-                except Exception as exc:  # noqa: BLE001 - handed to the awaiting caller, not swallowed
-                    work.loop.call_soon_threadsafe(_set_exception, work.future, exc)
+                _run_command(work)
                 continue
             self._run_batch(work)
 
@@ -366,6 +370,7 @@ class HFEngine:
                 while batch.rows:
                     self._last_batch_rows = max(self._last_batch_rows, batch.size)
                     batch.step()
+                    self._run_between_steps()
                     joiners = self._take_joiners(adapter, batch.size) if batch.rows and steps.can_join else []
                     if joiners:
                         batch.admit(joiners)
@@ -380,6 +385,16 @@ class HFEngine:
             if batch is not None:
                 self.prefills_shared += batch.prefills_shared
                 self.requests_joined += batch.joined
+
+    def _run_between_steps(self) -> None:
+        """The commands at the head of the queue that may run while a batch is running (``between_steps``)."""
+        while True:
+            with self._cv:
+                head = self._queue[0] if self._queue else None
+                if not isinstance(head, _Command) or not head.between_steps:
+                    return
+                self._queue.popleft()
+            _run_command(head)
 
     def _take_joiners(self, adapter: str | None, rows: int) -> list[Job]:
         """The queued requests that may join a running batch of ``rows`` rows for ``adapter``: those at the head
@@ -443,3 +458,12 @@ def _set_result(future: asyncio.Future[Any], value: Any) -> None:
 def _set_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
     if not future.done():
         future.set_exception(exc)
+
+
+def _run_command(command: _Command) -> None:
+    """Run a command on the worker; its result or error goes to the awaiting caller's loop."""
+    try:
+        result = command.run()
+        command.loop.call_soon_threadsafe(_set_result, command.future, result)
+    except Exception as exc:  # noqa: BLE001 - handed to the awaiting caller, not swallowed
+        command.loop.call_soon_threadsafe(_set_exception, command.future, exc)
