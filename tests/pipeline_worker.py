@@ -1,7 +1,9 @@
-"""A pipelined training run to kill: ``python -m tests.pipeline_worker HOME STEPS``.
+"""A pipelined training run to kill: ``python -m tests.pipeline_worker HOME STEPS [process]``.
 
-The digits task on the embedded tiny model with ``max_steps_off_policy=1``; after each trained step the metrics
-line lands in ``metrics.jsonl`` (the test watches it). Prints ``resumed <step>`` when the trainer has loaded.
+The digits task on the embedded tiny model with ``max_steps_off_policy=1`` (``process``: its trainer in a child
+process, ``LocalBackend(trainer_process=True)``); after each trained step the metrics line lands in
+``metrics.jsonl`` (the test watches it). Prints ``resumed <step>`` when the trainer has loaded, then with
+``process`` ``trainer pid <pid>``.
 """
 
 from __future__ import annotations
@@ -29,11 +31,14 @@ def digits_trainer(backend: art.LocalBackend, max_tokens: int) -> tuple[art.Trai
 
 
 def main() -> None:
-    home, steps = sys.argv[1], int(sys.argv[2])
-    with art.LocalBackend(home=home) as backend:
+    home, steps, process = sys.argv[1], int(sys.argv[2]), sys.argv[3:] == ["process"]
+    with art.LocalBackend(home=home, trainer_process=process) as backend:
         model, trainer = digits_trainer(backend, max_tokens=16)
         backend.trainer(model, trainer.config)
         print(f"resumed {backend.current_step(model)}", flush=True)
+        if process:
+            with backend.policies(model.base_model).lease(model.project, model.name) as live:
+                print(f"trainer pid {live.pid}", flush=True)
         trainer.train(SCENARIOS, steps=steps, progress=False)
         print("finished", flush=True)
 

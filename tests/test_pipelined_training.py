@@ -20,6 +20,7 @@ from langgraph_art.store import TrajectoryStore
 from langgraph_art.train import checkpoint
 from tests.helpers import digit_share, one_agent_graph
 from tests.pipeline_worker import SCENARIOS, digits_trainer
+from tests.test_trainer_process import exited
 
 ROOT = Path(__file__).resolve().parents[1]
 digits = art.reward(digit_share, name="digits")
@@ -52,23 +53,35 @@ def test_a_pipelined_run_learns_and_reports_its_staleness(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
-def test_a_kill_during_a_pipelined_run_loses_no_stored_run(tmp_path: Path) -> None:
+@pytest.mark.parametrize("process", [False, True], ids=["in-process", "trainer-process"])
+def test_a_kill_during_a_pipelined_run_loses_no_stored_run(tmp_path: Path, process: bool) -> None:
+    """With ``trainer_process``, the trainer's child also ends once its parent is killed (after the call it was
+    in: a checkpoint it was writing is written whole)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     metrics = tmp_path / "pipelined" / "runs" / "digits" / "metrics.jsonl"
     command = [sys.executable, "-m", "tests.pipeline_worker", str(tmp_path)]
-    proc = subprocess.Popen([*command, "50"], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    mode = ["process"] if process else []
+    proc = subprocess.Popen([*command, "50", *mode], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().startswith("resumed ")
+    child = int(proc.stdout.readline().split()[-1]) if process else None
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 4):
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)  # mid-run: a step training, the next one's runs being sampled
     proc.wait(timeout=60)
+    if child is not None:
+        deadline = time.monotonic() + 60
+        while not exited(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert exited(child), "the trainer process outlived its killed parent"
     trained = len(metrics.read_text().splitlines())
     store = TrajectoryStore.for_project("pipelined", tmp_path)
     before = {t.id: t for t in store.trajectories()}
     assert len(before) >= 8 * trained  # every trained step's runs, and the runs finished after them
     last = checkpoint.latest_step(tmp_path / "pipelined" / "checkpoints" / "digits")
 
-    out = subprocess.run([*command, "3"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=True)
+    resume = [*command, "3", *mode]
+    out = subprocess.run(resume, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=True)
     assert out.stdout.splitlines()[0] == f"resumed {last or 0}"
     after = {t.id: t for t in TrajectoryStore.for_project("pipelined", tmp_path).trajectories()}
     assert set(before) <= set(after) and len(after) == len(before) + 3 * 8  # nothing lost, 3 new steps stored

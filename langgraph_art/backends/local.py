@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from langgraph_art.backends.base import register_policy
+from langgraph_art.errors import ConfigError
 from langgraph_art.model import TrainableModel
 from langgraph_art.store import TrajectoryStore, default_home
 from langgraph_art.types import ModelRef, StepResult
@@ -34,7 +35,11 @@ class LocalBackend:
 
     ``freeze_gc=False`` leaves Python's garbage collector as it is; by default each server, once loaded, freezes
     the objects alive then (``gc.freeze``, as vLLM does after start-up) until the backend closes: a full
-    collection over the loaded libraries and model took ~270 ms every few rollout rounds."""
+    collection over the loaded libraries and model took ~270 ms every few rollout rounds.
+
+    ``trainer_process=True`` runs each trainer in a child process (``train.process.ProcessTrainer``) with its own
+    copy of the weights: with ``Trainer(max_steps_off_policy=1)`` its updates then overlap sampling on another
+    core instead of taking turns with the engine on the GIL (see benchmarks/README.md, issue 15)."""
 
     def __init__(
         self,
@@ -49,6 +54,7 @@ class LocalBackend:
         fast_decode: bool | None = None,
         max_trainers: int | None = None,
         freeze_gc: bool = True,
+        trainer_process: bool = False,
     ) -> None:
         from langgraph_art.serve.engines.choose import check_engine_options
 
@@ -62,6 +68,12 @@ class LocalBackend:
                    "fast_decode": fast_decode, **(engine_options or {})}  # fmt: skip
         self._engine_kwargs = {key: value for key, value in options.items() if value is not None}
         check_engine_options(engine, self._engine_kwargs)
+        if trainer_process and self._engine_kwargs.get("share_weights"):
+            raise ConfigError(
+                "trainer_process=True trains a copy of the weights in a child process, so it cannot share the "
+                "engine's: drop engine_options={'share_weights': True} or trainer_process=True"
+            )
+        self.trainer_process = trainer_process
         self._servers: dict[str, Any] = {}
         self._registries: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -84,7 +96,12 @@ class LocalBackend:
             return registry
 
     def _new_trainer(self, base_model: str, *args: Any, **kwargs: Any) -> Any:
-        """A GRPO trainer on the engine's own weights when the engine shares them (one copy in this process)."""
+        """A GRPO trainer on the engine's own weights when the engine shares them (one copy in this process); in a
+        child process with ``trainer_process=True``."""
+        if self.trainer_process:
+            from langgraph_art.train.process import ProcessTrainer
+
+            return ProcessTrainer(*args, **kwargs)
         from langgraph_art.train.trainer import GRPOTrainer
 
         shared = getattr(self.server(base_model).engine, "shared_base", None)
@@ -186,6 +203,9 @@ class LocalBackend:
 
     def close(self) -> None:
         with self._lock:
+            for registry in self._registries.values():
+                registry.close()  # trainer processes exit; in-process trainers are dropped
+            self._registries.clear()
             for server in self._servers.values():
                 server.stop()
             self._servers.clear()

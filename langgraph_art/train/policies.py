@@ -136,6 +136,16 @@ class PolicyRegistry:
             losses = trainer.sft(examples, steps=steps, learning_rate=learning_rate)
             return losses, trainer.step_count, trainer.save_checkpoint()
 
+    def close(self) -> None:
+        """Close every live trainer (a trainer process exits); the registry can be used again after."""
+        with self._lock:
+            slots, self._slots = list(self._slots.values()), OrderedDict()
+        for slot in slots:
+            with slot.lock:  # a step under way finishes first
+                if slot.trainer is not None and hasattr(slot.trainer, "close"):
+                    slot.trainer.close()
+                slot.trainer = None
+
     def _create(self, config: GRPOConfig | None, folder: Path) -> Any:
         factory = self._factory
         if factory is None:
