@@ -70,6 +70,13 @@ def serve(
     adapter_root: Annotated[
         list[str] | None, typer.Option(help="a folder POST /v1/adapters may load from, besides --home (repeatable)")
     ] = None,
+    trainer_process: Annotated[
+        bool,
+        typer.Option(
+            help="each trainer in a child process with its own copy of the weights: a pipelined client's "
+            "updates then overlap sampling on another core (not with --share-weights)"
+        ),
+    ] = False,
 ) -> None:
     """Serve a model and its LoRA adapters over an OpenAI-compatible HTTP API."""
     if not is_loopback(host) and not api_key:
@@ -87,6 +94,10 @@ def serve(
 
     if max_trainers < 1:
         typer.echo(f"--max-trainers must be >= 1, got {max_trainers}", err=True)
+        raise typer.Exit(2)
+    if trainer_process and share_weights:
+        typer.echo("--trainer-process trains a copy of the weights in a child process, so it cannot share the "
+                   "engine's: drop --share-weights or --trainer-process", err=True)  # fmt: skip
         raise typer.Exit(2)
     options = {  # the other engine's options stay None unless given, and then build_engine says whose they are
         "max_batch_size": max_batch_size,
@@ -113,7 +124,11 @@ def serve(
         from langgraph_art.train.policies import PolicyRegistry
         from langgraph_art.train.trainer import GRPOTrainer
 
-        def trainer(*args: Any, **kwargs: Any) -> GRPOTrainer:  # on the engine's weights when it shares them
+        def trainer(*args: Any, **kwargs: Any) -> Any:  # on the engine's weights when it shares them
+            if trainer_process:
+                from langgraph_art.train.process import ProcessTrainer
+
+                return ProcessTrainer(*args, **kwargs)
             return GRPOTrainer(*args, shared=getattr(built, "shared_base", None), **kwargs)
 
         policies = PolicyRegistry(

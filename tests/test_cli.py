@@ -32,6 +32,8 @@ def test_serve_refuses_the_other_engines_options() -> None:
     assert result.exit_code == 2 and "['merge_adapters'] belong to engine='hf'" in result.output
     result = CliRunner().invoke(app, ["serve", "--max-loras", "2"])
     assert result.exit_code == 2 and "['max_loras'] belong to engine='vllm'" in result.output
+    result = CliRunner().invoke(app, ["serve", "--trainer-process", "--share-weights"])
+    assert result.exit_code == 2 and "drop --share-weights or --trainer-process" in result.output
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ from langgraph_art.errors import ConfigError
 from langgraph_art.serve.embedded import EmbeddedServer
 from langgraph_art.serve.training import training_router
 from langgraph_art.train.policies import PolicyRegistry
+from langgraph_art.train.process import ProcessTrainer
 from tests.helpers import digit_share, one_agent_graph
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -22,9 +23,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration]
 digits = art.reward(digit_share, name="digits")
 
 
-def test_remote_backend_trains_in_the_service(tiny_path: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("process", [False, True], ids=["in-process", "trainer-process"])
+def test_remote_backend_trains_in_the_service(tiny_path: Path, tmp_path: Path, process: bool) -> None:
+    """Also with the service's trainers in child processes (``serve --trainer-process``): warm-ups (conversations
+    and stored trajectories) and steps go through the pipe."""
     service = EmbeddedServer(str(tiny_path), served_name="tiny")
-    policies = PolicyRegistry(str(tiny_path), tmp_path / "service")
+    factory = ProcessTrainer if process else None
+    policies = PolicyRegistry(str(tiny_path), tmp_path / "service", trainer_factory=factory)
     service.app.include_router(training_router(service.engine, policies))
     with service:
         backend = art.RemoteBackend(service.base_url, home=tmp_path / "client")
@@ -55,6 +60,7 @@ def test_remote_backend_trains_in_the_service(tiny_path: Path, tmp_path: Path) -
         stored = backend.store(model).trajectories(status="ok")
         losses = trainer.warmup(stored[:4], steps=2)
         assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
+    policies.close()
 
 
 def test_a_service_without_training_api_says_so(server: Any, tmp_path: Path) -> None:
