@@ -5,7 +5,10 @@ them, trains one LoRA update and serves the new checkpoint as ``project/name@ste
 With ``max_steps_off_policy=N`` (N >= 1) the rollouts run up to N steps ahead of training: step k+1's runs sample
 with the policy of step k-1 while step k trains, so the engine does not idle during the update. Each turn records
 the policy step it was sampled with, the loss's importance ratio is against the sampler's own logprobs (which
-corrects the lag), and each step reports how stale its runs were (``off_policy/steps_mean``, ``_max``).
+corrects the lag), and each step reports how stale its runs were (``off_policy/steps_mean``, ``_max``). On tiny-5m
+it took 0.65-0.70x the synchronous wall time (benchmarks/README.md, issue 15); ``LocalBackend(trainer_process=True)``
+keeps the trainer's Python off the engine's GIL. The default stays 0: each step trains on runs of the current
+policy, and a seeded run repeats itself (with N >= 1 which policy a rollout uses depends on timing).
 Metrics go to ``<home>/<project>/runs/<name>/metrics.jsonl`` (one line per step) and the reward curve to
 ``reward_curve.png`` beside it. With Langfuse configured (``LANGFUSE_*`` variables or ``langfuse=True``), each
 step's runs, rewards and metrics are exported in the background (``sinks.py``; the integration is
@@ -117,7 +120,9 @@ class Trainer:
         return run_sync(self.atrain(scenarios, steps, progress=progress))
 
     async def atrain(self, scenarios: Sequence[Mapping[str, Any]], steps: int, *, progress: bool = True) -> list[dict]:
-        """Async ``train``: rollouts run on the caller's event loop, the GRPO step in a worker thread."""
+        """Async ``train``: rollouts run on the caller's event loop, the GRPO step in a worker thread. (A graph with
+        sync nodes: give your loop a default executor of at least ``max_concurrency`` threads; see
+        ``agather_groups``.)"""
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ConfigError(f"steps must be an int >= 1, got {steps!r}")
         if not scenarios:

@@ -171,6 +171,11 @@ async def agather_groups(
 
     Each run gets its own handler and run metadata (``scenario_id``, ``group_id``, ``generation`` plus
     ``metadata``, e.g. ``policy_step``). Each finished run is stored at once when a ``store`` is given.
+
+    LangGraph runs sync nodes in the running loop's default executor, one thread per run inside such a node; on
+    your own loop that is asyncio's (``cpu_count + 4`` threads) unless you set one: for ``max_concurrency`` runs of
+    a graph with sync nodes, ``loop.set_default_executor(ThreadPoolExecutor(max_workers=max_concurrency))``. (The
+    sync ``gather_groups`` and ``Trainer.train`` run on a loop that has 256.)
     """
     if num_generations < 1:
         raise ConfigError(f"num_generations must be at least 1, got {num_generations}")
