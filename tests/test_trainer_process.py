@@ -8,6 +8,7 @@ leaves no child behind is in ``test_pipelined_training.py``.)"""
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import threading
 import time
@@ -18,7 +19,8 @@ import pytest
 
 import langgraph_art as art
 from langgraph_art.errors import TrainingAborted
-from langgraph_art.train.process import ProcessTrainer, portable
+from langgraph_art.train.process import ProcessTrainer, portable, without_final_state
+from langgraph_art.types import Trajectory, TrajectoryGroup
 from tests.helpers import one_agent_graph
 
 SCENARIOS = [{"id": "hi", "input": {"messages": [("user", "Say something.")]}}]
@@ -70,6 +72,16 @@ def test_an_exception_that_does_not_pickle_comes_back_as_a_runtime_error_naming_
 
     back = portable(Odd(lambda: None))  # a lambda does not pickle
     assert type(back) is RuntimeError and "Odd: odd" in str(back) and "in the trainer process (pid" in str(back)
+
+
+def test_runs_go_to_the_trainer_process_without_their_final_state() -> None:
+    """The graph's output may hold anything (a client, a lock); the trainer needs turns, rewards and metadata."""
+    run = Trajectory(id="r")
+    run.final_state = {"client": threading.Lock()}  # does not pickle
+    group = TrajectoryGroup(id="g", scenario_id="s", trajectories=[run])
+    sent = pickle.loads(pickle.dumps(without_final_state(group)))
+    assert sent.trajectories[0].id == "r" and sent.trajectories[0].final_state is None
+    assert run.final_state["client"] is not None  # the caller's run keeps it
 
 
 @pytest.mark.slow

@@ -36,6 +36,7 @@ from typing import Any
 
 from langgraph_art.config import GRPOConfig
 from langgraph_art.errors import TrainingAborted
+from langgraph_art.types import Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)
 CLOSE_TIMEOUT_S = 30.0
@@ -74,13 +75,14 @@ class ProcessTrainer:
         return self._proc.pid if self._proc is not None else None
 
     def step(self, groups: Any) -> Any:
-        return self._call("step", list(groups))
+        return self._call("step", [without_final_state(g) for g in groups])
 
     def save_checkpoint(self) -> Path:
         return Path(self._call("save_checkpoint"))
 
     def sft(self, examples: Any, **kwargs: Any) -> list[float]:
-        return self._call("sft", list(examples), **kwargs)
+        examples = [without_final_state(e) if isinstance(e, Trajectory) else e for e in examples]
+        return self._call("sft", examples, **kwargs)
 
     def update_config(self, config: GRPOConfig) -> None:
         self._call("update_config", config)
@@ -153,6 +155,16 @@ class ProcessTrainer:
                             CLOSE_TIMEOUT_S)  # fmt: skip
                 proc.kill()
                 proc.wait()
+
+
+def without_final_state(item: Any) -> Any:
+    """A copy of a run (or of a group's runs) without ``final_state``: the graph's output may hold anything (a
+    client, a lock) that does not pickle, and the trainer reads turns, rewards and metadata only."""
+    if isinstance(item, TrajectoryGroup):
+        return item.model_copy(update={"trajectories": [without_final_state(t) for t in item.trajectories]})
+    copy = item.model_copy()
+    copy.final_state = None
+    return copy
 
 
 def package_root() -> str:
