@@ -6,8 +6,9 @@ Whole stack: ``gather_groups`` runs a LangGraph graph ``runs`` times (one scenar
 ``ChatART`` ``calls`` times in a row (each call sees the conversation so far), through the openai SDK and the
 embedded server's app of a ``LocalBackend`` (in process: ``serve/inprocess.py``) into its ``HFEngine``, with the
 trajectories captured and stored. Engine alone: the same
-engine object, the same number of requests of the same prompt (``calls`` rounds of ``runs`` requests that arrive
-together, each round's prompts extended by the previous completions), no HTTP, no graph, no capture. Both sample
+engine object, the same number of requests (``calls`` rounds of ``runs`` requests that arrive together, each
+round's prompts rendered by the chat template over the conversation so far, as the server renders the stack's),
+no HTTP, no graph, no capture; only its sampling is timed. Both sample
 exactly ``--max-tokens`` tokens per call at temperature 1 (``ignore_eos``). Efficiency = stack tok/s / engine
 tok/s: the median of ``--rounds`` ratios of rounds run back to back (this machine's speed drifts).
 """
@@ -30,7 +31,7 @@ from langgraph.graph import START, MessagesState, StateGraph
 
 import langgraph_art as art
 from langgraph_art.capture.rollout import agather_groups
-from langgraph_art.serve.chat import render_prompt
+from langgraph_art.serve.chat import assistant_message, render_prompt
 from langgraph_art.serve.engines.base import GenerationRequest, SamplingParams
 from langgraph_art.sync import run_sync
 
@@ -74,22 +75,26 @@ async def stack_round(graph: Any, model: Any, store: Any, runs: int) -> tuple[fl
 
 
 async def engine_round(engine: Any, adapter: str | None, runs: int, calls: int, max_tokens: int) -> tuple[float, int]:
-    """``calls`` rounds of ``runs`` requests arriving together; each round's prompts extend the previous ones."""
+    """``calls`` rounds of ``runs`` requests arriving together. Each round's prompts are rendered as the server
+    renders the stack's (the chat template over the conversation so far: the previous answers as text, then the
+    graph's follow-up message), so both sides sample from prompts of the same length; only the sampling is timed."""
     tokenizer = engine.tokenizer
-    prompt = render_prompt(tokenizer, [{"role": "user", "content": PROMPT}], None)
-    prompts = [list(prompt) for _ in range(runs)]
-    follow = tokenizer.encode("\nStep 2: go on.\n", add_special_tokens=False)
-    tokens = 0
-    start = time.perf_counter()
-    for _ in range(calls):
+    conversations = [[{"role": "user", "content": PROMPT}] for _ in range(runs)]
+    tokens, seconds = 0, 0.0
+    for i in range(calls):
         params = SamplingParams(temperature=1.0, max_tokens=max_tokens, ignore_eos=True)
-        results = await asyncio.gather(
-            *(engine.generate(GenerationRequest(prompt_token_ids=p, params=params, adapter=adapter)) for p in prompts)
-        )
-        for p, result in zip(prompts, results, strict=True):
-            p.extend(result.samples[0].token_ids + follow)
+        requests = [
+            GenerationRequest(prompt_token_ids=render_prompt(tokenizer, c, None), params=params, adapter=adapter)
+            for c in conversations
+        ]
+        start = time.perf_counter()
+        results = await asyncio.gather(*(engine.generate(r) for r in requests))
+        seconds += time.perf_counter() - start
+        for conversation, result in zip(conversations, results, strict=True):
+            conversation.append(assistant_message(result.samples[0], parse_tools=False)[0])
+            conversation.append({"role": "user", "content": f"Step {i + 2}: go on."})
             tokens += len(result.samples[0].token_ids)
-    return time.perf_counter() - start, tokens
+    return seconds, tokens
 
 
 def main() -> None:
