@@ -104,6 +104,10 @@ class ProcessTrainer:
                 pass_fds=(to_child, from_child),
                 env={**os.environ, "PYTHONPATH": path},
             )
+        except BaseException:
+            os.close(from_parent)
+            os.close(to_parent)
+            raise
         finally:
             os.close(to_child)
             os.close(from_child)
@@ -130,7 +134,11 @@ class ProcessTrainer:
             self._send.send((method, args, kwargs))
             status, value, self.step_count = self._recv.recv()
         except (EOFError, OSError) as exc:
-            code = self._proc.wait()
+            try:
+                code = self._proc.wait(CLOSE_TIMEOUT_S)
+            except subprocess.TimeoutExpired:  # its pipe broke but it lives on: it cannot answer anymore
+                self._proc.kill()
+                code = self._proc.wait()
             self._stop()
             raise TrainingAborted(
                 f"the trainer process for {self.checkpoint_dir} exited (code {code}) during {method}; nothing of "
