@@ -3,8 +3,9 @@
 One worker thread owns the model. Requests queue up; each time the worker is free it takes the oldest request
 and every queued request for the same adapter (up to ``max_batch_size`` rows, ``n`` rows per request), and
 requests for that adapter that arrive while the batch decodes join it at the next step (continuous batching,
-``batch.py``) unless a command or another adapter's request is ahead of them in the queue. Adapter loads and
-unloads go through the same queue and act as barriers, so a batch never sees an adapter change under it. Rows
+``batch.py``) unless a command or another adapter's request is ahead of them in the queue (the queue's rules:
+``schedule.py``). Adapter loads and unloads go through the same queue: a new merged adapter is added between two
+steps, anything else is a barrier, so a batch never sees its own adapter change under it. Rows
 that finish leave the KV cache at once, so a long request does not keep short ones' memory busy.
 
 The forwards themselves run through ``FastLM`` (``fast.py``) for Llama-family models and through transformers
@@ -15,14 +16,11 @@ weights shared with a trainer in the same process (``share_weights``), added unm
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import os
 import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,17 +48,10 @@ from langgraph_art.serve.engines.base import (
 )
 from langgraph_art.serve.engines.batch import Job, Row, RunningBatch
 from langgraph_art.serve.engines.fast import FastLM
+from langgraph_art.serve.engines.schedule import Command, WorkQueue, run_command, set_exception, set_result
 from langgraph_art.serve.engines.steps import FastSteps, HFSteps, Steps
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Command:
-    run: Callable[[], Any]
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[Any]
-    between_steps: bool = False  # may run between two steps of a running batch (else: once the batch is done)
 
 
 SHARE_MIN_BYTES = LARGE_MODEL_BYTES  # share_weights=None: models this large train on the engine's weights
@@ -109,8 +100,7 @@ class HFEngine:
         self.base_model = served_name or self.model_path
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len or 0
-        self.batch_wait = batch_wait_ms / 1000
-        self._last_batch_rows = 0  # the most rows the last batch ran at once
+        self._work_queue = WorkQueue(max_batch_size, batch_wait_ms / 1000)
         self._device, self._dtype, self._seed = device, dtype, seed
         self._fast_decode, self._merge_adapters, self._share = fast_decode, merge_adapters, share_weights
         self._lora: HookedLora | None = None
@@ -121,8 +111,6 @@ class HFEngine:
         self._fast: FastLM | None = None
         self._tokenizer: Any = None
         self._adapters: AdapterSet = AdapterSet(None)
-        self._queue: collections.deque[Job | _Command] = collections.deque()
-        self._cv = threading.Condition()
         self._worker: threading.Thread | None = None
         self._closed = False
         self._ready = False
@@ -186,7 +174,7 @@ class HFEngine:
         paused: asyncio.Future[None] = loop.create_future()
 
         def pause() -> None:
-            loop.call_soon_threadsafe(_set_result, paused, None)
+            loop.call_soon_threadsafe(set_result, paused, None)
             self._awake.wait()
 
         await self._turn.acquire()  # one trainer at a time: they share the model (and its one active adapter)
@@ -205,17 +193,13 @@ class HFEngine:
 
     async def close(self) -> None:
         self._awake.set()
-        with self._cv:
-            self._closed = True
-            pending = list(self._queue)
-            self._queue.clear()
-            self._cv.notify_all()
-        for item in pending:
+        self._closed = True
+        for item in self._work_queue.close():
             error = EngineNotReadyError("the engine was closed before this request ran")
             if isinstance(item, Job):
                 item.post(error)
             else:
-                item.loop.call_soon_threadsafe(_set_exception, item.future, error)
+                item.loop.call_soon_threadsafe(set_exception, item.future, error)
         if self._worker is not None:
             await asyncio.to_thread(self._worker.join, 30)
         self._ready = False
@@ -243,9 +227,7 @@ class HFEngine:
             streaming=streaming,
         )
         request.request_id = request.request_id or uuid.uuid4().hex
-        with self._cv:
-            self._queue.append(job)
-            self._cv.notify()
+        self._work_queue.put(job)
         try:
             while True:
                 item = await job.events.get()
@@ -283,79 +265,28 @@ class HFEngine:
         if not self._ready or self._closed:
             raise EngineNotReadyError("the engine is not running (still loading, or closed)")
         loop = asyncio.get_running_loop()
-        command = _Command(run=run, loop=loop, future=loop.create_future(), between_steps=between)
-        with self._cv:
-            self._queue.append(command)
-            self._cv.notify()
+        command = Command(run=run, loop=loop, future=loop.create_future(), between_steps=between)
+        self._work_queue.put(command)
         return await command.future if wait else None
 
     # -- worker thread ---------------------------------------------------------------------------------------
     def _work(self) -> None:
+        """The worker thread: commands and batches in the order ``WorkQueue`` gives them."""
         torch.set_grad_enabled(False)
-        while True:
-            with self._cv:
-                while not self._queue and not self._closed:
-                    self._cv.wait()
-                if self._closed:
-                    return
-                self._gather_burst()
-                work = self._take_batch()
-            if isinstance(work, _Command):
-                _run_command(work)
-                continue
-            self._run_batch(work)
-
-    def _gather_burst(self) -> None:
-        """Called with the lock held, the engine idle and a request queued: wait while requests keep arriving
-        (each within ``batch_wait`` of the last, for at most 10 x ``batch_wait``), so a burst starts as one batch.
-        Agent runs whose calls end together send their next calls one after another (each run's Python between
-        them holds the GIL); started at the first, the batch prefilled it alone and the rest joined a step later:
-        one more prefill per turn, and that row stayed a step ahead of the others for the rest of the run. Only
-        after a batch of several rows, or with several requests queued: a lone client calling in turn pays nothing."""
-        if self.batch_wait <= 0 or (len(self._queue) == 1 and self._last_batch_rows <= 1):
-            return  # a lone request after lone requests (one client calling in turn) never waits
-        deadline = time.monotonic() + 10 * self.batch_wait
-        quiet_until = time.monotonic() + self.batch_wait
-        queued = len(self._queue)
-        while not self._closed and queued < self.max_batch_size and not isinstance(self._queue[-1], _Command):
-            now = time.monotonic()
-            if now >= min(quiet_until, deadline):
-                return
-            self._cv.wait(min(quiet_until, deadline) - now)
-            if len(self._queue) != queued:  # another arrival: wait for a quiet gap again
-                queued, quiet_until = len(self._queue), time.monotonic() + self.batch_wait
-
-    def _take_batch(self) -> _Command | list[Job]:
-        """Called with the lock held: the next command, or the oldest job plus same-adapter jobs behind it."""
-        head = self._queue[0]
-        if isinstance(head, _Command):
-            self._queue.popleft()
-            return head
-        batch: list[Job] = []
-        rows = 0
-        kept: collections.deque[Job | _Command] = collections.deque()
-        while self._queue:
-            item = self._queue.popleft()
-            if isinstance(item, _Command):  # a barrier: nothing behind it joins this batch
-                kept.append(item)
-                kept.extend(self._queue)
-                self._queue.clear()
-                break
-            fits = rows + item.request.params.n <= self.max_batch_size or not batch
-            if item.request.adapter == head.request.adapter and fits and not item.cancelled:
-                batch.append(item)
-                rows += item.request.params.n
-            elif not item.cancelled:
-                kept.append(item)
-        self._queue.extendleft(reversed(kept))
-        return batch
+        while (work := self._work_queue.next_work()) is not None:
+            if isinstance(work, Command):
+                run_command(work)
+            else:
+                self._run_batch(work)
 
     def _run_batch(self, jobs: list[Job]) -> None:
-        """Decode ``jobs`` as one running batch; same-adapter requests queued meanwhile join it between steps.
+        """Decode ``jobs`` as one running batch; same-adapter requests queued meanwhile join it between steps, and
+        commands that may run between steps do.
         Any error (an adapter unloaded under the request, a failed forward) goes to every unfinished request of
         the batch; the worker goes on."""
         self.batches_run += 1
-        self._last_batch_rows = 0
+        work = self._work_queue
+        work.last_batch_rows = 0
         adapter = jobs[0].request.adapter
         batch: RunningBatch | None = None
         try:
@@ -368,10 +299,11 @@ class HFEngine:
                 batch = RunningBatch(steps, self._finish_if_done, self._rng, self._pad)
                 batch.admit(jobs)
                 while batch.rows:
-                    self._last_batch_rows = max(self._last_batch_rows, batch.size)
+                    work.last_batch_rows = max(work.last_batch_rows, batch.size)
                     batch.step()
-                    self._run_between_steps()
-                    joiners = self._take_joiners(adapter, batch.size) if batch.rows and steps.can_join else []
+                    for command in work.take_between_steps():
+                        run_command(command)
+                    joiners = work.take_joiners(adapter, batch.size) if batch.rows and steps.can_join else []
                     if joiners:
                         batch.admit(joiners)
         except Exception as exc:
@@ -385,35 +317,6 @@ class HFEngine:
             if batch is not None:
                 self.prefills_shared += batch.prefills_shared
                 self.requests_joined += batch.joined
-
-    def _run_between_steps(self) -> None:
-        """The commands at the head of the queue that may run while a batch is running (``between_steps``)."""
-        while True:
-            with self._cv:
-                head = self._queue[0] if self._queue else None
-                if not isinstance(head, _Command) or not head.between_steps:
-                    return
-                self._queue.popleft()
-            _run_command(head)
-
-    def _take_joiners(self, adapter: str | None, rows: int) -> list[Job]:
-        """The queued requests that may join a running batch of ``rows`` rows for ``adapter``: those at the head
-        of the queue, in order, while they are for the same adapter and fit. A command or another adapter's
-        request at the head stops it (the batch then drains and that one runs next), so nothing waits behind a
-        stream of joiners."""
-        joiners: list[Job] = []
-        with self._cv:
-            while self._queue:
-                head = self._queue[0]
-                if isinstance(head, _Command) or head.request.adapter != adapter:
-                    break
-                if not head.cancelled and rows + head.request.params.n > self.max_batch_size:
-                    break
-                self._queue.popleft()
-                if not head.cancelled:
-                    joiners.append(head)
-                    rows += head.request.params.n
-        return joiners
 
     def _finish_if_done(self, row: Row) -> bool:
         """Record the row's sample if it is finished; True when it is."""
@@ -448,22 +351,3 @@ class HFEngine:
             req = job.request
             job.post(FinishedEvent(GenerationResult(req.request_id, req.prompt_token_ids, samples, req.adapter)))
         return True
-
-
-def _set_result(future: asyncio.Future[Any], value: Any) -> None:
-    if not future.done():
-        future.set_result(value)
-
-
-def _set_exception(future: asyncio.Future[Any], exc: BaseException) -> None:
-    if not future.done():
-        future.set_exception(exc)
-
-
-def _run_command(command: _Command) -> None:
-    """Run a command on the worker; its result or error goes to the awaiting caller's loop."""
-    try:
-        result = command.run()
-        command.loop.call_soon_threadsafe(_set_result, command.future, result)
-    except Exception as exc:  # noqa: BLE001 - handed to the awaiting caller, not swallowed
-        command.loop.call_soon_threadsafe(_set_exception, command.future, exc)
