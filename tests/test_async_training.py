@@ -265,12 +265,20 @@ def test_ruler_judge_on_plain_chat_openai_scores_repeatedly_from_sync_code(serve
         assert judge.usage["calls"] == 2 * round_  # first try + one retry, every round
 
 
-async def test_pipelined_create_agent_trains_inside_a_running_loop(backend: art.LocalBackend) -> None:
+@pytest.fixture(scope="module")
+def process_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[art.LocalBackend]:
+    with art.LocalBackend(home=tmp_path_factory.mktemp("home"), trainer_process=True) as local:
+        yield local
+
+
+@pytest.mark.parametrize("where", ["in-process", "trainer-process"])
+async def test_pipelined_create_agent_trains_inside_a_running_loop(where: str, request: pytest.FixtureRequest) -> None:
     """max_steps_off_policy=1 on a graph we did not write, from a notebook's running loop: the next step's rollouts
     (create_agent's async model node, through the in-process client and a continuously batched engine) overlap
-    the update."""
+    the update, with the trainer in this process or in a child (``trainer_process=True``)."""
     from langchain.agents import create_agent
 
+    backend = request.getfixturevalue("backend" if where == "in-process" else "process_backend")
     model = model_for(backend, "pipelined-agent")
     llm = art.ChatART(model=model, temperature=1.0, max_tokens=8)
     graph = create_agent(model=llm, tools=[get_weather], system_prompt="Answer with numbers.")
