@@ -40,6 +40,10 @@ _LAZY = {
     "ascore_groups": "langgraph_art.rewards.combine",
     "RewardReport": "langgraph_art.rewards.combine",
     "TrainableModel": "langgraph_art.model",
+    "evaluate": "langgraph_art.evaluation",
+    "aevaluate": "langgraph_art.evaluation",
+    "Evaluation": "langgraph_art.evaluation",
+    "Sink": "langgraph_art.sinks",
     "Trainer": "langgraph_art.loop",
     "GRPOConfig": "langgraph_art.config",
     "LocalBackend": "langgraph_art.backends.local",
@@ -69,6 +73,7 @@ if TYPE_CHECKING:
     from langgraph_art.capture.recorder import TurnRecorder
     from langgraph_art.capture.rollout import RolloutError, agather_groups, arollout, gather_groups, rollout
     from langgraph_art.config import GRPOConfig
+    from langgraph_art.evaluation import Evaluation, aevaluate, evaluate
     from langgraph_art.loop import Trainer
     from langgraph_art.model import TrainableModel
     from langgraph_art.models.tiny import tiny_model
@@ -79,6 +84,7 @@ if TYPE_CHECKING:
     from langgraph_art.serve.embedded import EmbeddedServer, start_embedded_server
     from langgraph_art.serve.engines.hf import HFEngine
     from langgraph_art.serve.engines.vllm_engine import VLLMEngine
+    from langgraph_art.sinks import Sink
     from langgraph_art.store import TrajectoryStore
     from langgraph_art.types import ModelRef, NodeSpan, StepResult, ToolCallRecord, Trajectory, TrajectoryGroup, Turn
 
@@ -104,6 +110,7 @@ __all__ = [
     "ContextLengthError",
     "EmbeddedServer",
     "EngineNotReadyError",
+    "Evaluation",
     "GRPOConfig",
     "HFEngine",
     "LangGraphArtError",
@@ -119,6 +126,7 @@ __all__ = [
     "RolloutError",
     "RulerJudge",
     "Score",
+    "Sink",
     "StepResult",
     "ToolCallRecord",
     "TrainableModel",
@@ -131,10 +139,12 @@ __all__ = [
     "TurnRecorder",
     "VLLMEngine",
     "__version__",
+    "aevaluate",
     "agather_groups",
     "arollout",
     "ascore_groups",
     "create_app",
+    "evaluate",
     "gather_groups",
     "reward",
     "rollout",

@@ -128,6 +128,9 @@ def run_demo(
     warmup_lr: float = 1e-2,
     learning_rate: float = 3e-4,
     num_generations: int = 16,
+    scenarios_per_step: int = 2,
+    seed: int = 0,
+    temperature: float = 1.0,
     home: str | Path = ".art",
     engine: str = "hf",
     echo: Any = print,
@@ -141,15 +144,15 @@ def run_demo(
     with art.LocalBackend(home=home, engine=engine) as backend:
         model = art.TrainableModel(name=f"demo-{int(time.time())}", project="demo", base_model=base_model)
         model.register(backend)
-        llm = art.ChatART(model=model, temperature=1.0, max_tokens=40)  # type: ignore[call-arg,arg-type]  # pydantic aliases
-        config = art.GRPOConfig(learning_rate=learning_rate, lora_r=8, lora_alpha=16, per_device_train_batch_size=8)
+        llm = art.ChatART(model=model, temperature=temperature, max_tokens=40)  # type: ignore[call-arg,arg-type]  # pydantic aliases
+        config = art.GRPOConfig(learning_rate=learning_rate, lora_r=8, lora_alpha=16, per_device_train_batch_size=8, seed=seed)
         trainer = art.Trainer(
             build_agent(llm),
             model,
             rewards=[called_lookup, answered],
             num_generations=num_generations,
             config=config,
-            scenarios_per_step=2,
+            scenarios_per_step=scenarios_per_step,
         )
         losses = trainer.warmup(warmup_conversations(), steps=warmup_steps, learning_rate=warmup_lr)
         echo(f"warm-up: {warmup_steps} SFT steps, loss {losses[0]:.2f} -> {losses[-1]:.2f}")

@@ -9,10 +9,12 @@ corrects the lag), and each step reports how stale its runs were (``off_policy/s
 it took 0.65-0.70x the synchronous wall time (benchmarks/README.md, issue 15); ``LocalBackend(trainer_process=True)``
 keeps the trainer's Python off the engine's GIL. The default stays 0: each step trains on runs of the current
 policy, and a seeded run repeats itself (with N >= 1 which policy a rollout uses depends on timing).
-Metrics go to ``<home>/<project>/runs/<name>/metrics.jsonl`` (one line per step) and the reward curve to
-``reward_curve.png`` beside it. With Langfuse configured (``LANGFUSE_*`` variables or ``langfuse=True``), each
-step's runs, rewards and metrics are exported in the background (``sinks.py``; the integration is
-``integrations/langfuse``). The run log (``metrics.jsonl``, the reward curve) is ``runlog.py``.
+With ``eval_scenarios`` the policy is also evaluated on them (``evaluation.py``: runs stored as ``split="eval"``,
+never trained on) before the first step, every ``eval_every`` steps and after the last.
+Metrics go to ``<home>/<project>/runs/<name>/metrics.jsonl`` (one line per step, ``"split": "train"``, and one per
+evaluation, ``"split": "eval"``) and the reward curve (train and eval) to ``reward_curve.png`` beside it; the run
+log is ``runlog.py``. The same records go to the sinks (``sinks.py``): Langfuse (``LANGFUSE_*`` variables or
+``langfuse=True``), W&B (``WANDB_*`` or ``wandb=True``) and the user's own (``sinks=[...]``).
 """
 
 from __future__ import annotations
@@ -32,11 +34,12 @@ from langgraph_art.backends.base import Backend
 from langgraph_art.capture.rollout import agather_groups, check_scenarios
 from langgraph_art.config import GRPOConfig
 from langgraph_art.errors import ConfigError, TrainingAborted
+from langgraph_art.evaluation import aevaluate
 from langgraph_art.model import TrainableModel
 from langgraph_art.progress import ProgressBar
 from langgraph_art.rewards.combine import ascore_groups
 from langgraph_art.runlog import append_record, plot_rewards
-from langgraph_art.sinks import flush_langfuse, langfuse_exporter
+from langgraph_art.sinks import LangfuseSink, make_sinks
 from langgraph_art.sync import run_sync
 
 log = logging.getLogger(__name__)
@@ -66,12 +69,25 @@ class Trainer:
         scenarios_per_step: int = 1,
         max_concurrency: int = 8,
         max_steps_off_policy: int = 0,
+        eval_scenarios: Sequence[Mapping[str, Any]] | None = None,
+        eval_every: int | None = None,
+        eval_generations: int = 1,
+        eval_rewards: Sequence[Any] | None = None,
         langfuse: Any = None,
+        wandb: Any = None,
+        sinks: Sequence[Any] = (),
     ) -> None:
         """``max_steps_off_policy``: how many steps the rollouts may run ahead of training (0: sample, then train,
-        then sample; see the module docstring). ``langfuse``: None exports to Langfuse when
-        ``LANGFUSE_PUBLIC_KEY``/``LANGFUSE_SECRET_KEY`` are set, True requires it, False never; or pass your own
-        ``LangfuseExporter``."""
+        then sample; see the module docstring).
+
+        ``eval_scenarios``: held-out scenarios, run ``eval_generations`` times each and scored with ``eval_rewards``
+        (default: ``rewards``) before the first step, every ``eval_every`` steps (None: only before and after) and
+        after the last.
+
+        ``langfuse``: None exports to Langfuse when ``LANGFUSE_PUBLIC_KEY``/``LANGFUSE_SECRET_KEY`` are set, True
+        requires it, False never; or pass your own ``LangfuseExporter``. ``wandb``: None logs to W&B when
+        ``WANDB_API_KEY``/``WANDB_PROJECT`` is set or ``WANDB_MODE`` is offline/online, True requires it, False
+        never, a dict is passed to ``wandb.init``. ``sinks``: your own ``langgraph_art.Sink`` objects."""
         if (
             isinstance(max_steps_off_policy, bool)
             or not isinstance(max_steps_off_policy, int)
@@ -82,6 +98,7 @@ class Trainer:
             )
         if not rewards:
             raise ConfigError("Trainer needs at least one reward: rewards=[my_reward_fn, art.RulerJudge(...)]")
+        _check_eval(eval_scenarios, eval_every, eval_generations, eval_rewards)
         if not isinstance(model.backend, Backend):
             raise ConfigError(
                 f"{type(model.backend).__name__} cannot train: register the model with art.LocalBackend() or "
@@ -95,7 +112,15 @@ class Trainer:
         self.store = self.backend.store(model)
         self.run_id = uuid.uuid4().hex[:12]
         self.history: list[dict[str, float]] = []
-        self.exporter = langfuse_exporter(langfuse, self.store)
+        self.eval_scenarios = list(eval_scenarios or [])
+        self.eval_every, self.eval_generations = eval_every, eval_generations
+        self.eval_rewards = list(eval_rewards) if eval_rewards else self.rewards
+        self.evals: list[dict[str, Any]] = []  # one record per evaluation (as in metrics.jsonl)
+        self.sinks = make_sinks(
+            langfuse=langfuse, wandb=wandb, extra=sinks, store=self.store, project=model.project, home=self.backend.home
+        )
+        langfuse_sinks = [s.sink for s in self.sinks if isinstance(s.sink, LangfuseSink)]
+        self.exporter = langfuse_sinks[0].exporter if langfuse_sinks else None
 
     @property
     def run_dir(self) -> Path:
@@ -129,14 +154,58 @@ class Trainer:
             raise ConfigError("scenarios is empty: pass a list of {'input': ..., **reference data} dicts")
         check_scenarios(scenarios)
         await asyncio.to_thread(self.backend.trainer, self.model, self.config)  # load (or resume) before rollouts
+        for sink in self.sinks:
+            await asyncio.to_thread(sink.start, self._run_info(steps))
         cycle = itertools.cycle(scenarios)
+        curve = None
         try:
+            await self._evaluate()  # the policy before this call's first step (skipped if evaluated already)
             with ProgressBar("training", steps, progress) as bar:
                 await self._pipeline(lambda: [next(cycle) for _ in range(self.scenarios_per_step)], steps, bar)
+            await self._evaluate()  # and after its last
+            curve = await asyncio.to_thread(self.plot)
         finally:
-            await asyncio.to_thread(self.flush_exports)
-        await asyncio.to_thread(self.plot)
+            await asyncio.to_thread(self.flush_exports, curve=curve)
         return self.history
+
+    def _run_info(self, steps: int) -> dict[str, Any]:
+        """What a sink records as the run's configuration."""
+        return {
+            "run": self.run_id,
+            "model": self.model.name,
+            "project": self.model.project,
+            "base_model": self.model.base_model,
+            "steps": steps,
+            "scenarios_per_step": self.scenarios_per_step,
+            "max_steps_off_policy": self.max_steps_off_policy,
+            "rewards": [getattr(r, "name", getattr(r, "__name__", type(r).__name__)) for r in self.rewards],
+            "eval_scenarios": len(self.eval_scenarios),
+            "eval_every": self.eval_every,
+            **self.config.model_dump(mode="json"),
+        }
+
+    async def _evaluate(self) -> None:
+        """Evaluate the policy served now on ``eval_scenarios`` (unless this iteration was evaluated already) and
+        log the record."""
+        iteration = len(self.history)
+        if not self.eval_scenarios or (self.evals and self.evals[-1]["iteration"] == iteration):
+            return
+        wall = time.time()
+        policy_step = await asyncio.to_thread(self.backend.current_step, self.model)
+        result = await aevaluate(
+            self.graph,
+            self.eval_scenarios,
+            self.eval_rewards,
+            num_generations=self.eval_generations,
+            max_concurrency=self.max_concurrency,
+            store=self.store,
+            recorders=[self.model.recorder],
+            metadata={"policy_step": policy_step, "training_run": self.run_id},
+        )
+        record = {"split": "eval", "iteration": iteration, "step": policy_step, "policy_step": policy_step}
+        record = {**record, **result.metrics}
+        self.evals.append(record)
+        await asyncio.to_thread(self._log, record, wall)
 
     async def _pipeline(self, next_batch: Any, steps: int, bar: ProgressBar) -> None:
         """Rollouts in order, each step's learning (rewards, update, checkpoint) in a task after the previous one;
@@ -148,25 +217,33 @@ class Trainer:
                 while i - done > self.max_steps_off_policy:
                     self._advance(bar, await learning[done])
                     done += 1
+                    await self._evaluate_every()
                 rollout = await self._rollout(next_batch())
                 previous = learning[-1] if learning else None
                 learning.append(asyncio.create_task(self._learn_after(previous, rollout)))
             while done < steps:
                 self._advance(bar, await learning[done])
                 done += 1
+                if done < steps:  # the last step's evaluation is atrain's, after the progress bar
+                    await self._evaluate_every()
         finally:  # an error or a cancel: the steps already training finish (their checkpoints are atomic)
             pending = [task for task in learning if not task.done()]
             if pending:
                 await asyncio.gather(*pending, return_exceptions=True)
 
+    async def _evaluate_every(self) -> None:
+        if self.eval_every and len(self.history) % self.eval_every == 0:
+            await self._evaluate()
+
     @staticmethod
     def _advance(bar: ProgressBar, m: dict[str, float]) -> None:
         bar.advance(f"reward {m['reward/mean']:.3f} ± {m['reward/std']:.3f}  step {m['time/step_s']:.2f}s")
 
-    def flush_exports(self, timeout: float = 30.0) -> None:
-        """Wait (bounded) for the background Langfuse export; say what did not arrive and how to send it."""
-        if self.exporter is not None:
-            flush_langfuse(self.exporter, timeout, project=self.model.project, home=self.backend.home)
+    def flush_exports(self, timeout: float = 30.0, *, curve: Path | None = None) -> None:
+        """End this ``train()`` in every sink: the curve, a bounded wait for the background deliveries, a word on
+        what did not arrive and how to send it."""
+        for sink in self.sinks:
+            sink.finish(curve=curve, timeout=timeout)
 
     def train_step(self, scenarios: Sequence[Mapping[str, Any]]) -> dict[str, float]:
         """One step: rollouts of ``scenarios``, rewards, one GRPO update, checkpoint; returns the step's metrics."""
@@ -188,7 +265,7 @@ class Trainer:
             recorders=[self.model.recorder],
             store=self.store,
             progress=False,
-            metadata={"policy_step": policy_step, "training_run": self.run_id},
+            metadata={"policy_step": policy_step, "training_run": self.run_id, "split": "train"},
         )
         return _Rollout(groups, policy_step, started, wall, time.perf_counter() - started)
 
@@ -237,24 +314,32 @@ class Trainer:
         if not result.updated:
             log.warning("step skipped: %s", result.reason)
         self.history.append(metrics)
-        await asyncio.to_thread(self._log, metrics, rollout.wall, policy_step)
+        # iteration: 1, 2, ... in this run ("step" is the checkpoint, which does not move on a skipped step)
+        record = {"split": "train", "iteration": len(self.history), **metrics}
+        await asyncio.to_thread(self._log, record, rollout.wall)
         return metrics
 
-    def _log(self, metrics: dict[str, float], wall: float, policy_step: int) -> None:
-        """Append the step to the run log and hand it to the exporter."""
-        record = {
-            "run": self.run_id,
-            "iteration": len(self.history),  # 1, 2, ... in this run ("step" is the checkpoint, which may not move)
-            "model": self.model.name,
-            "started": wall,
-            "finished": time.time(),
-            **metrics,
-        }
+    def _log(self, metrics: Mapping[str, Any], wall: float) -> None:
+        """Append a step's (or an evaluation's) record to the run log and hand it to the sinks."""
+        record = {"run": self.run_id, "model": self.model.name, "started": wall, "finished": time.time(), **metrics}
         append_record(self.run_dir, record)
-        if self.exporter is not None:
-            self.exporter.submit(step=policy_step, record=record)
+        for sink in self.sinks:
+            sink.submit(record)
 
     def plot(self, path: str | Path | None = None) -> Path | None:
-        """Write the reward curve (mean and std per step) as a PNG; needs matplotlib."""
+        """Write the reward curve (train: mean and std per step; eval: each evaluation's mean) as a PNG; needs
+        matplotlib."""
         target = Path(path) if path else self.run_dir / "reward_curve.png"
-        return plot_rewards(self.history, target, f"{self.model.name} ({self.model.project})")
+        return plot_rewards(self.history, target, f"{self.model.name} ({self.model.project})", evals=self.evals)
+
+
+def _check_eval(scenarios: Any, every: Any, generations: Any, rewards: Any) -> None:
+    """Evaluation settings that can run, or a ConfigError that says what to change."""
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+        raise ConfigError(f"eval_every must be an int >= 1 (evaluate every that many steps) or None, got {every!r}")
+    if isinstance(generations, bool) or not isinstance(generations, int) or generations < 1:
+        raise ConfigError(f"eval_generations must be an int >= 1 (runs per eval scenario), got {generations!r}")
+    if not scenarios and (every is not None or rewards):
+        raise ConfigError("eval_every/eval_rewards need eval_scenarios=[...] (held-out scenarios to evaluate on)")
+    if scenarios:
+        check_scenarios(scenarios)

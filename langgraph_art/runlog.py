@@ -1,8 +1,10 @@
 """The run log beside the loop: one ``metrics.jsonl`` line per training step (written here, read here) and the reward
 curve drawn from it.
 
-A record is the step's metrics plus ``run`` (the training run's id), ``iteration`` (1, 2, ... in that run; ``step``
-is the checkpoint, which does not move on a skipped step), ``model``, ``started`` and ``finished`` (epoch seconds).
+A record is a training step's metrics (``"split": "train"``) or an evaluation's (``"split": "eval"``, metrics
+``eval/...``), plus ``run`` (the training run's id), ``iteration`` (1, 2, ... in that run: the steps done; an
+evaluation's is the number of steps before it, 0 = before the first; ``step`` is the checkpoint, which does not move
+on a skipped step), ``model``, ``started`` and ``finished`` (epoch seconds).
 """
 
 from __future__ import annotations
@@ -38,8 +40,15 @@ def read_records(project_dir: str | Path, *, since_step: int | None = None) -> l
     return records
 
 
-def plot_rewards(history: Sequence[Mapping[str, float]], target: str | Path, title: str) -> Path | None:
-    """Write the reward curve (mean and std per step, 5-step average) as a PNG; needs matplotlib."""
+def plot_rewards(
+    history: Sequence[Mapping[str, float]],
+    target: str | Path,
+    title: str,
+    *,
+    evals: Sequence[Mapping[str, Any]] = (),
+) -> Path | None:
+    """Write the reward curve (train: mean and std per step, 5-step average; eval: each evaluation's mean at the
+    iteration it followed, 0 = before training) as a PNG; needs matplotlib."""
     try:  # a Figure with its own Agg canvas: no pyplot, so the process's matplotlib backend is left alone
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -63,6 +72,15 @@ def plot_rewards(history: Sequence[Mapping[str, float]], target: str | Path, tit
         alpha=0.2,
         color="tab:blue",
     )
+    if evals:
+        ax.plot(
+            [e["iteration"] for e in evals],
+            [e["eval/reward/mean"] for e in evals],
+            label="eval reward (held out)",
+            color="tab:green",
+            marker="o",
+            linewidth=2,
+        )
     ax.set_xlabel("training step")
     ax.set_ylabel("reward")
     ax.set_title(title)

@@ -177,6 +177,7 @@ class TrajectoryStore:
         node: str | None,
         status: str | None,
         since_step: int | None = None,
+        split: str | None = None,
     ) -> tuple[str, list[Any]]:
         clauses, args = [], []
         for column, value in (("step", step), ("scenario_id", scenario_id), ("group_id", group_id), ("status", status)):
@@ -189,6 +190,9 @@ class TrajectoryStore:
         if node is not None:
             clauses.append("id IN (SELECT trajectory_id FROM trajectory_nodes WHERE node = ?)")
             args.append(node)
+        if split is not None:  # runs without one are training runs (stored before evaluation existed)
+            clauses.append("COALESCE(json_extract(data, '$.metadata.split'), 'train') = ?")
+            args.append(split)
         return (" WHERE " + " AND ".join(clauses)) if clauses else "", args
 
     def iter_rows(
@@ -200,8 +204,9 @@ class TrajectoryStore:
         node: str | None = None,
         status: str | None = None,
         since_step: int | None = None,
+        split: str | None = None,
     ) -> Iterator[tuple[Any, ...]]:
-        where, args = self._where(step, scenario_id, group_id, node, status, since_step)
+        where, args = self._where(step, scenario_id, group_id, node, status, since_step, split)
         with self._lock:
             rows = self._db.execute(
                 f"SELECT id, group_id, scenario_id, step, status, reward, created, data FROM trajectories{where} "
@@ -212,7 +217,8 @@ class TrajectoryStore:
 
     def trajectories(self, **filters: Any) -> list[Trajectory]:
         """Filter by ``step`` (or ``since_step``: that policy step and later), ``scenario_id``, ``group_id``, ``node``
-        (ran that node) and ``status``."""
+        (ran that node), ``status`` and ``split`` (``"train"``, or ``"eval"``: the runs ``Trainer(eval_scenarios=...)``
+        made and did not train on)."""
         return [Trajectory.model_validate_json(row[-1]) for row in self.iter_rows(**filters)]
 
     def count(self, **filters: Any) -> int:
@@ -223,6 +229,7 @@ class TrajectoryStore:
             filters.get("node"),
             filters.get("status"),
             filters.get("since_step"),
+            filters.get("split"),
         )
         with self._lock:
             return int(self._db.execute(f"SELECT COUNT(*) FROM trajectories{where}", args).fetchone()[0])

@@ -12,8 +12,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+from langchain_core.messages import AIMessage
 from langchain_core.tools import tool
 from langchain_core.utils.function_calling import convert_to_openai_tool
+from langgraph.graph import START, MessagesState, StateGraph
+
+import langgraph_art as art
 
 LANGFUSE_VARS = ("LANGFUSE_PUBLIC_KEY", "LANGFUSE_SECRET_KEY", "LANGFUSE_BASE_URL", "LANGFUSE_HOST")
 _taken_langfuse_keys: dict[str, str] = {}
@@ -221,3 +225,53 @@ def long_run_graph(steps: int) -> Any:
     graph.add_edge(START, "step")
     graph.add_conditional_edges("step", lambda s: END if s["count"] >= steps else "step")
     return graph.compile().with_config(recursion_limit=steps + 10)
+
+
+class FakeBackend:
+    """Every method of ``art.Backend``; trains nothing, counts what it was given (the loop's tests: rollouts,
+    rewards, metrics and sinks without a model or a server)."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.step = 0
+        self.received: list[list[art.TrajectoryGroup]] = []
+        self.prepared: list[Any] = []
+
+    def register(self, model: art.TrainableModel) -> None:
+        pass
+
+    def chat_model_settings(self, model: art.TrainableModel) -> dict[str, Any]:
+        return {"base_url": "http://127.0.0.1:9/v1", "api_key": "unused"}
+
+    def store(self, model: art.TrainableModel) -> art.TrajectoryStore:
+        return art.TrajectoryStore.for_project(model.project, self.home)
+
+    def run_dir(self, model: art.TrainableModel) -> Path:
+        return self.home / "runs" / model.name
+
+    def current_step(self, model: art.TrainableModel) -> int:
+        return self.step
+
+    def trainer(self, model: art.TrainableModel, config: Any = None) -> None:
+        self.prepared.append(config)
+
+    def train_step(self, model: art.TrainableModel, groups: Any, config: Any = None) -> art.StepResult:
+        self.received.append(list(groups))
+        self.step += 1
+        runs = [t for g in groups for t in g.completed()]
+        mean = sum(t.reward for t in runs) / len(runs)
+        return art.StepResult(self.step, True, {"train/loss": 0.25}, advantages={t.id: t.reward - mean for t in runs})
+
+    def warmup(self, model: art.TrainableModel, examples: Any, **kwargs: Any) -> list[float]:
+        return [1.0] * kwargs["steps"]
+
+
+def echo_graph() -> Any:
+    """One async node that answers ``seen <number of messages>``."""
+    async def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [AIMessage(f"seen {len(state['messages'])}")]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("agent", agent)
+    graph.add_edge(START, "agent")
+    return graph.compile()

@@ -8,58 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from langchain_core.messages import AIMessage
-from langgraph.graph import START, MessagesState, StateGraph
 
 import langgraph_art as art
-
-
-class FakeBackend:
-    """Every method of ``art.Backend``; trains nothing, counts what it was given."""
-
-    def __init__(self, home: Path) -> None:
-        self.home = home
-        self.step = 0
-        self.received: list[list[art.TrajectoryGroup]] = []
-        self.prepared: list[Any] = []
-
-    def register(self, model: art.TrainableModel) -> None:
-        pass
-
-    def chat_model_settings(self, model: art.TrainableModel) -> dict[str, Any]:
-        return {"base_url": "http://127.0.0.1:9/v1", "api_key": "unused"}
-
-    def store(self, model: art.TrainableModel) -> art.TrajectoryStore:
-        return art.TrajectoryStore.for_project(model.project, self.home)
-
-    def run_dir(self, model: art.TrainableModel) -> Path:
-        return self.home / "runs" / model.name
-
-    def current_step(self, model: art.TrainableModel) -> int:
-        return self.step
-
-    def trainer(self, model: art.TrainableModel, config: Any = None) -> None:
-        self.prepared.append(config)
-
-    def train_step(self, model: art.TrainableModel, groups: Any, config: Any = None) -> art.StepResult:
-        self.received.append(list(groups))
-        self.step += 1
-        runs = [t for g in groups for t in g.completed()]
-        mean = sum(t.reward for t in runs) / len(runs)
-        return art.StepResult(self.step, True, {"train/loss": 0.25}, advantages={t.id: t.reward - mean for t in runs})
-
-    def warmup(self, model: art.TrainableModel, examples: Any, **kwargs: Any) -> list[float]:
-        return [1.0] * kwargs["steps"]
-
-
-def echo_graph() -> Any:
-    async def agent(state: MessagesState) -> dict[str, Any]:
-        return {"messages": [AIMessage(f"seen {len(state['messages'])}")]}
-
-    graph = StateGraph(MessagesState)
-    graph.add_node("agent", agent)
-    graph.add_edge(START, "agent")
-    return graph.compile()
+from langgraph_art.testing import FakeBackend, echo_graph
 
 
 @art.reward

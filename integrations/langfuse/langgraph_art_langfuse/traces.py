@@ -2,7 +2,7 @@
 
 The tree, per rollout::
 
-    <trajectory name>            span        root: session = training run, tags = step/group/scenario
+    <trajectory name>            span        root: session = training run, tags = step/group/scenario/split
       <node>                     span        one per node invocation (subgraph nodes nest under their parent)
         ChatART <model@step>     generation  one per LLM turn: messages in/out, usage, sampled tokens, logprob sum
         <tool name>              tool        one per tool call: arguments in, result out
@@ -117,14 +117,16 @@ class SpanBuilder:
             step, run, name = step_number(record), str(record["run"]), record.get("model")
             finished = float(record.get("finished") or 0.0)
             started = float(record.get("started") or finished)
+            what = "eval after step" if is_eval(record) else "train step"
+            tags = ["evaluation", "split:eval"] if is_eval(record) else ["training-step", "split:train"]
             attrs = {
-                self.attr.TRACE_NAME: f"{name} · train step {step}" if name else f"train step {step}",
+                self.attr.TRACE_NAME: f"{name} · {what} {step}" if name else f"{what} {step}",
                 self.attr.TRACE_SESSION_ID: run,
-                self.attr.TRACE_TAGS: ["training-step", f"step:{step}"],
+                self.attr.TRACE_TAGS: [*tags, f"step:{step}"],
                 **self._observation("span", {"step": step}, {"updated": record.get("train/updated")}, record),
             }
             key = step_key(record)
-            span = self._start(trace_id(key), observation_id(key, "root"), f"train step {step}", started, attrs, None)
+            span = self._start(trace_id(key), observation_id(key, "root"), f"{what} {step}", started, attrs, None)
             span.end(end_time=_ns(finished, started))
             return list(self._done)
 
@@ -216,7 +218,7 @@ class SpanBuilder:
         return {self.attr.TRACE_SESSION_ID: str(session)} if session else {}
 
 
-_TAGS = (("step", "policy_step"), ("group", "group_id"), ("scenario", "scenario_id"))
+_TAGS = (("step", "policy_step"), ("group", "group_id"), ("scenario", "scenario_id"), ("split", "split"))
 
 
 def step_number(record: Mapping[str, Any]) -> int:
@@ -224,9 +226,14 @@ def step_number(record: Mapping[str, Any]) -> int:
     return int(record.get("iteration", record["step"]))
 
 
+def is_eval(record: Mapping[str, Any]) -> bool:
+    """True for an evaluation's record (``Trainer(eval_scenarios=...)``), False for a training step's."""
+    return record.get("split") == "eval"
+
+
 def step_key(record: Mapping[str, Any]) -> str:
-    """The delivery key (and trace-id seed) of a training step's record."""
-    return f"step:{record['run']}:{step_number(record)}"
+    """The delivery key (and trace-id seed) of a training step's (or an evaluation's) record."""
+    return f"{'eval' if is_eval(record) else 'step'}:{record['run']}:{step_number(record)}"
 
 
 def _model_name(turn: Turn) -> str:
@@ -287,7 +294,7 @@ def step_scores(record: Mapping[str, Any]) -> list[dict[str, Any]]:
     """A training step's numeric metrics as scores on its trace (``reward/mean``, ``train/loss``, ...)."""
     meta = {"source": SCORE_SOURCE, "run": str(record["run"]), "step": step_number(record)}
     tid = trace_id(step_key(record))
-    skip = {"step", "iteration", "policy_step", "run", "started", "finished"}
+    skip = {"step", "iteration", "policy_step", "run", "started", "finished", "split"}
     return [
         _score(tid, None, name, value, None, meta)
         for name, value in record.items()

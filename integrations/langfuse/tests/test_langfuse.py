@@ -410,3 +410,30 @@ def test_a_step_bigger_than_the_default_otel_queue_loses_no_span(receiver, tmp_p
     assert len(receiver.spans) == len({s["span_id"] for s in receiver.spans}) == 3000
     span_posts = [r for r in receiver.requests if r[1].endswith("/traces")]
     assert len(span_posts) == 6  # at most 512 spans per request, whole trajectories per request
+
+
+def test_evaluations_are_traces_tagged_split_eval_and_their_metrics_scores(receiver, monkeypatch, tmp_path) -> None:
+    from langgraph_art.testing import FakeBackend, echo_graph
+
+    for key, value in receiver.env().items():
+        monkeypatch.setenv(key, value)
+    model = art.TrainableModel(name="fake", project="lf-eval").register(FakeBackend(tmp_path))
+    held_out = [{"id": "h1", "input": {"messages": [("user", "held out")]}}]
+    trainer = art.Trainer(
+        echo_graph(), model, rewards=[variety], num_generations=2, eval_scenarios=held_out, eval_generations=2
+    )
+    trainer.train([{"id": "t1", "input": {"messages": [("user", "train")]}}], steps=2, progress=False)
+    traces = receiver.traces()
+    store = trainer.store
+    tags = {}
+    for t in store.trajectories():
+        (root,) = [s for s in traces[trace_id(t.id)] if s["parent_id"] is None]
+        tags[t.id] = set(root["attributes"]["langfuse.trace.tags"])
+    assert {t.id for t in store.trajectories(split="eval")} == {i for i, tag in tags.items() if "split:eval" in tag}
+    assert {t.id for t in store.trajectories(split="train")} == {i for i, tag in tags.items() if "split:train" in tag}
+    assert len(store.trajectories(split="eval")) == 4  # before the first step and after the last, 2 runs each
+    names = sorted(spans[0]["name"] for spans in traces.values() if spans[0]["parent_id"] is None)
+    assert names.count("eval after step 0") == 1 and names.count("eval after step 2") == 1
+    assert names.count("train step 1") == 1 and names.count("train step 2") == 1
+    evals = sorted(s["value"] for s in receiver.scores().values() if s["name"] == "eval/reward/mean")
+    assert evals == pytest.approx(sorted(e["eval/reward/mean"] for e in trainer.evals))
