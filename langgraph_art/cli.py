@@ -140,8 +140,9 @@ def serve(
 
 @app.command()
 def demo(
-    steps: Annotated[int, typer.Option(help="GRPO steps (2 scenarios x 16 runs each)")] = 40,
-    warmup_steps: Annotated[int, typer.Option(help="SFT warm-up steps before RL")] = 60,
+    steps: Annotated[int, typer.Option(help="GRPO steps (2 scenarios x 16 runs each)")] = 60,
+    warmup_steps: Annotated[int, typer.Option(help="SFT warm-up steps before RL")] = 100,
+    seed: Annotated[int, typer.Option(help="the LoRA's initialisation")] = 0,
     home: Annotated[str, typer.Option(help="where checkpoints, runs and the store go")] = ".art",
     engine: Annotated[str, typer.Option(help="'hf' or 'vllm' (./dev demo --engine vllm sets vLLM up)")] = "hf",
 ) -> None:
@@ -150,7 +151,7 @@ def demo(
     from langgraph_art.demo import run_demo
 
     typer.echo("langgraph-art demo: a LangGraph agent with a lookup tool learns on the embedded tiny model.")
-    run_demo(steps=steps, warmup_steps=warmup_steps, home=home, engine=engine, echo=typer.echo)
+    run_demo(steps=steps, warmup_steps=warmup_steps, seed=seed, home=home, engine=engine, echo=typer.echo)
 
 
 export_app = typer.Typer(help="Send stored runs to other tools.", no_args_is_help=True)

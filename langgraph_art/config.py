@@ -52,6 +52,7 @@ class GRPOConfig(BaseModel):
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
     per_device_train_batch_size: int = 8
+    num_iterations: int = 1  # updates per step on the same runs (TRL's name; GRPO's mu)
     max_length: int = 4096
     lora_r: int = 8
     lora_alpha: int = 16
@@ -93,6 +94,11 @@ class GRPOConfig(BaseModel):
             )
         if self.max_grad_norm <= 0:
             problems.append(f"max_grad_norm={self.max_grad_norm}: must be > 0 (e.g. 1.0)")
+        if self.num_iterations < 1:
+            problems.append(
+                f"num_iterations={self.num_iterations}: updates per step on the same runs; use 1 (on-policy) or "
+                "a few (2-4) to learn more from each rollout"
+            )
         if self.per_device_train_batch_size < 1:
             problems.append("per_device_train_batch_size must be >= 1 (sequences per micro-batch)")
         if self.max_length < 16:

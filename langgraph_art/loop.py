@@ -116,6 +116,7 @@ class Trainer:
         self.eval_every, self.eval_generations = eval_every, eval_generations
         self.eval_rewards = list(eval_rewards) if eval_rewards else self.rewards
         self.evals: list[dict[str, Any]] = []  # one record per evaluation (as in metrics.jsonl)
+        self._skips = 0  # training steps that found nothing to train on
         self.sinks = make_sinks(
             langfuse=langfuse, wandb=wandb, extra=sinks, store=self.store, project=model.project, home=self.backend.home
         )
@@ -311,8 +312,10 @@ class Trainer:
             **scored,
             **result.metrics,
         }
-        if not result.updated:
-            log.warning("step skipped: %s", result.reason)
+        if not result.updated:  # warned once; later ones at INFO (train/updated = 0 in the metrics says it too)
+            log.log(logging.INFO if self._skips else logging.WARNING, "step skipped: %s%s", result.reason,
+                    "" if self._skips else " (further skipped steps are logged at INFO)")  # fmt: skip
+            self._skips += 1
         self.history.append(metrics)
         # iteration: 1, 2, ... in this run ("step" is the checkpoint, which does not move on a skipped step)
         record = {"split": "train", "iteration": len(self.history), **metrics}

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,3 +29,64 @@ def test_example_runs(script: str, tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip()
+
+
+EXAMPLES = ROOT / "examples"
+GALLERY = ["tic_tac_toe", "game_2048", "email_agent", "codenames", "summarizer"]
+
+
+def example(name: str) -> Any:
+    """An example module, imported the way ``python examples/<name>.py`` finds its neighbours."""
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))
+    return importlib.import_module(name)
+
+
+def records(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", GALLERY)
+def test_each_gallery_example_trains_two_steps_and_evaluates(name: str, tmp_path: Path) -> None:
+    lines: list[str] = []
+    argv = ["--steps", "2", "--warmup-steps", "3", "--num-generations", "2", "--home", str(tmp_path)]
+    summary = example(name).main(argv, echo=lines.append)
+    logged = records(summary["run_dir"])
+    assert [(r["split"], r["iteration"]) for r in logged] == [("eval", 0), ("train", 1), ("train", 2), ("eval", 2)]
+    for r in logged:
+        assert "eval/reward/mean" in r if r["split"] == "eval" else "reward/mean" in r
+    assert all(r["eval/runs/failed"] == 0 for r in logged if r["split"] == "eval"), logged
+    assert (summary["run_dir"] / "reward_curve.png").stat().st_size > 1000
+    assert any(line.startswith("eval after step   2") for line in lines), lines
+    assert any(line.startswith("[") for text in lines for line in text.splitlines()), "no transcript printed"
+
+
+@pytest.mark.slow
+def test_the_notebook_runs_in_a_kernel_with_its_running_event_loop(tmp_path: Path, monkeypatch: Any) -> None:
+    nbclient = pytest.importorskip("nbclient")
+    import nbformat
+
+    for key, value in {"EXAMPLE_STEPS": "2", "EXAMPLE_WARMUP_STEPS": "3", "EXAMPLE_HOME": str(tmp_path)}.items():
+        monkeypatch.setenv(key, value)
+    notebook = nbformat.read(EXAMPLES / "tic_tac_toe.ipynb", as_version=4)
+    client = nbclient.NotebookClient(
+        notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(EXAMPLES)}}
+    )
+    client.execute()
+    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+    text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
+    assert "win rate (held out):" in text and "->" in text, text
+    assert any("image/png" in o.get("data", {}) for o in outputs)  # the curve, displayed
+    (run_dir,) = (tmp_path / "examples" / "runs").glob("tic-tac-toe-notebook*")
+    assert [r["split"] for r in records(run_dir)] == ["eval", "train", "train", "eval"]
+
+
+@pytest.mark.slow
+def test_tic_tac_toe_win_rate_rises_against_random_opponents(tmp_path: Path) -> None:
+    """The documented run (seed 0, defaults: 120 warm-up steps, 40 GRPO steps): the held-out win rate rises by at
+    least 20 points. Measured on 2 cores: 22% -> 72% (seed 0), 4% -> 54% (seed 1), 6% -> 44% (seed 2)."""
+    summary = example("tic_tac_toe").main(["--home", str(tmp_path)], echo=lambda *a: None)
+    rates = [e["eval/reward/mean"] for e in summary["evals"]]
+    assert [e["iteration"] for e in summary["evals"]] == [0, 10, 20, 30, 40]
+    assert rates[-1] >= rates[0] + 0.2 and rates[-1] >= 0.35, rates

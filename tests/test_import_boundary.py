@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-HEAVY = ("torch", "transformers", "peft", "vllm", "fastapi", "langfuse", "uvicorn")
+HEAVY = ("torch", "transformers", "peft", "vllm", "fastapi", "langfuse", "uvicorn", "wandb")
 
 
 def test_import_langgraph_art_loads_no_heavy_module() -> None:
@@ -20,7 +20,7 @@ def test_light_submodules_stay_light() -> None:
         "import json, sys; import langgraph_art.errors, langgraph_art.serve.engines.base, "
         "langgraph_art.serve.protocol, langgraph_art.cli, langgraph_art.models.loading, "
         "langgraph_art.integrations.langfuse, langgraph_art.serve.engines.vllm_engine, "
-        "langgraph_art.serve.engines.choose; "
+        "langgraph_art.serve.engines.choose, langgraph_art.loop, langgraph_art.sinks, langgraph_art.evaluation; "
         f"print(json.dumps([m for m in {list(HEAVY)!r} if m in sys.modules]))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -77,6 +77,24 @@ def test_steps_move_every_lora_parameter_and_no_base_weight(trainer: GRPOTrainer
     assert all(torch.equal(p, base[n]) for n, p in trainer.model.state_dict().items())  # base weights never move
 
 
+def test_num_iterations_updates_several_times_on_the_same_runs_within_one_step(tiny_path: Path, tmp_path: Path) -> None:
+    """Three passes, three optimizer updates, one step: after the first pass B != 0, so the second already moves
+    lora_A (one pass moves only lora_B, above); the later passes see ratios away from 1 (the policy moved)."""
+    config = CONFIG.model_copy(update={"num_iterations": 3})
+    trainer = GRPOTrainer(str(tiny_path), config, checkpoint_dir=tmp_path / "ckpt")
+    before = {n: p.detach().clone() for n, p in trainer.named_lora_parameters().items()}
+    result = trainer.step([make_group(trainer, [1.0, 0.0, 0.5, 0.0])])
+    assert result.updated and result.step == 1
+    assert all(not torch.equal(p, before[n]) for n, p in trainer.named_lora_parameters().items())
+    steps = {float(state["step"]) for state in trainer.optimizer.state.values()}
+    assert steps == {3.0}
+    assert result.metrics["train/ratio_mean"] == pytest.approx(1.0, abs=1e-4)  # the first pass: on-policy
+    assert abs(result.metrics["train/later_passes/ratio_mean"] - 1.0) > 1e-3
+    assert 0.0 <= result.metrics["train/later_passes/clip_fraction"] <= 1.0
+    with pytest.raises(ValueError, match="num_iterations=0: updates per step"):
+        GRPOConfig(num_iterations=0)
+
+
 def test_bad_input_is_skipped_with_counted_reasons(trainer: GRPOTrainer) -> None:
     lonely = make_group(trainer, [1.0], gid="one")
     flat = make_group(trainer, [0.5, 0.5], gid="flat")

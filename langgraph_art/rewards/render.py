@@ -61,3 +61,12 @@ def render_group(runs: list[Trajectory], ids: list[str]) -> str:
             )
         parts.append(f'<run id="{short}">\n' + "\n".join(body) + "\n</run>")
     return "\n\n".join(parts)
+
+
+def render_transcript(run: Trajectory) -> str:
+    """A run as a person reads it: each node's conversation (system prompts left out), tool calls inline."""
+    lines = []
+    for node, messages in run.conversations():
+        lines.append(f"[{node}]")
+        lines += ["  " + line for m in messages if m.get("role") != "system" for line in render_message(m).splitlines()]
+    return "\n".join(lines)

@@ -202,27 +202,35 @@ class GRPOTrainer:
                 advantages=dict(advantages.by_trajectory),
             )
 
-        self.optimizer.zero_grad(set_to_none=True)
         batches = micro_batches(sequences, cfg.per_device_train_batch_size)
         total_tokens = sum(sum(s.mask) for s in sequences)
-        sums = dict.fromkeys(("loss", "entropy", "kl", "clip_fraction", "ratio_mean", "sampler_logprob_gap"), 0.0)
-        with self._training():
-            for batch in batches:
-                self._backward(batch, sequences, total_tokens, sums)
-
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), cfg.max_grad_norm))
-        if not math.isfinite(grad_norm):
+        keys = ("loss", "entropy", "kl", "clip_fraction", "ratio_mean", "sampler_logprob_gap")
+        sums, last = dict.fromkeys(keys, 0.0), dict.fromkeys(keys, 0.0)
+        # num_iterations (TRL's, GRPO's mu) passes over the same runs, one update each: from the second pass on the
+        # ratio to the sampler's logprobs moves away from 1 and the clip keeps the policy near the one that sampled
+        for iteration in range(cfg.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
-            raise TrainingAborted(
-                f"step {self.step_count + 1}: the gradient norm is {grad_norm}; the weights were "
-                "not updated and no checkpoint was written"
-            )
-        self.optimizer.step()
+            with self._training():
+                for batch in batches:
+                    self._backward(batch, sequences, total_tokens, sums if iteration == 0 else last)
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), cfg.max_grad_norm))
+            if not math.isfinite(grad_norm):
+                self.optimizer.zero_grad(set_to_none=True)
+                what = f"pass {iteration + 1} of {cfg.num_iterations} was" if iteration else "the weights were"
+                raise TrainingAborted(
+                    f"step {self.step_count + 1}: the gradient norm is {grad_norm}; {what} not updated and no "
+                    "checkpoint was written"
+                )
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        later = {
+            f"train/later_passes/{k}": last[k] / max(cfg.num_iterations - 1, 1) for k in ("clip_fraction", "ratio_mean")
+        }
         self.step_count += 1
         seconds = time.perf_counter() - started
         metrics = {
-            **{f"train/{k}": v for k, v in sums.items()},
+            **{f"train/{k}": v for k, v in sums.items()},  # the first pass: before this step's update
+            **(later if cfg.num_iterations > 1 else {}),
             "train/grad_norm": grad_norm,
             "train/sequences": float(len(sequences)),
             "train/tokens": float(total_tokens),

@@ -1,0 +1,156 @@
+"""Codenames, two roles in one graph: a clue giver and a guesser share the model; only the guesser is trained.
+
+The board shows nine words from three topics. Node ``clue_giver`` knows which three are the team's and gives a
+one-word clue; node ``guesser`` sees the board and the clue and calls ``guess(words)``. Both call the same
+``ChatART``, but ``GRPOConfig(trainable_nodes=["guesser"])`` makes the update learn from the guesser's turns only:
+the clue giver's turns are captured (and shown in Langfuse) but never trained on. Reward: +1/3 per team word
+guessed (a guess of
+another board word earns nothing).
+
+Offline, tiny model (a short SFT warm-up teaches the clue giver to name the topic and both roles the shape of their
+answers; RL teaches the guesser which words belong to a topic):
+    OMP_NUM_THREADS=1 python examples/codenames.py --steps 30
+On a real model (GPU), where the clue giver needs no warm-up:
+    python examples/codenames.py --base-model Qwen/Qwen2.5-1.5B-Instruct --warmup-steps 0 --steps 100 \\
+        --learning-rate 1e-5 --temperature 1.0 --engine vllm
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from typing import Any, TypedDict
+
+from harness import grpo_config, parse_args, report, trainable_model, transcript
+from langchain_core.tools import tool
+from langchain_core.utils.function_calling import convert_to_openai_tool
+from langgraph.graph import END, START, StateGraph
+
+import langgraph_art as art
+
+TOPICS = {
+    "animal": ["cat", "dog", "horse", "tiger", "mouse", "eagle"],
+    "color": ["red", "green", "blue", "yellow", "purple", "orange"],
+    "food": ["bread", "apple", "cheese", "rice", "soup", "honey"],
+}
+GIVER = "You give Codenames clues. Answer with one word: the topic that links your team's words."
+GUESSER = "You guess Codenames words. Call guess with the three board words that fit the clue."
+
+
+@tool
+def guess(words: str) -> str:
+    """Guess board words that fit the clue, separated by commas."""
+    return words  # the graph reads the call; this is the schema the model sees
+
+
+GUESS_TOOL = convert_to_openai_tool(guess)
+
+
+class Round(TypedDict):
+    board: list[str]
+    team: list[str]
+    clue: str
+    guesses: list[str]
+
+
+def build_graph(llm: art.ChatART) -> Any:
+    guesser_model = llm.bind_tools([guess])
+
+    def clue_giver(state: Round) -> dict[str, Any]:
+        prompt = f"Board: {' '.join(state['board'])}\nYour team's words: {' '.join(state['team'])}\nClue:"
+        reply = llm.invoke([("system", GIVER), ("user", prompt)])
+        words = re.findall(r"[a-z]+", str(reply.content).lower())
+        return {"clue": words[0] if words else ""}
+
+    def guesser(state: Round) -> dict[str, Any]:
+        prompt = f"Board: {' '.join(state['board'])}\nClue: {state['clue']} 3"
+        reply = guesser_model.invoke([("system", GUESSER), ("user", prompt)])
+        calls = [c for c in reply.tool_calls if c["name"] == "guess"]
+        text = str(calls[0]["args"].get("words", "")) if calls else ""
+        return {"guesses": [w for w in re.findall(r"[a-z]+", text.lower()) if w in state["board"]][:3]}
+
+    graph = StateGraph(Round)
+    graph.add_node("clue_giver", clue_giver)
+    graph.add_node("guesser", guesser)
+    graph.add_edge(START, "clue_giver")
+    graph.add_edge("clue_giver", "guesser")
+    graph.add_edge("guesser", END)
+    return graph.compile()
+
+
+@art.reward
+def team_words(state) -> float:
+    """+1/3 per team word guessed (three guesses at most: any other word takes the place of one)."""
+    return sum(word in state["team"] for word in set(state["guesses"])) / 3
+
+
+def deal(rng: random.Random) -> dict[str, Any]:
+    """Three words of each topic, one topic the team's."""
+    topic = rng.choice(sorted(TOPICS))
+    picked = {name: rng.sample(words, 3) for name, words in TOPICS.items()}
+    board = [w for words in picked.values() for w in words]
+    rng.shuffle(board)
+    return {"topic": topic, "board": board, "team": picked[topic]}
+
+
+def scenarios(count: int, seed: int) -> list[dict[str, Any]]:
+    rng, rounds = random.Random(seed), []
+    for i in range(count):
+        dealt = deal(rng)
+        state = {"board": dealt["board"], "team": dealt["team"], "clue": "", "guesses": []}
+        rounds.append({"id": f"round-{seed}-{i}", "topic": dealt["topic"], "input": state})
+    return rounds
+
+
+def warmup_conversations(count: int = 36, seed: int = 0) -> list[dict[str, Any]]:
+    """The clue giver naming the topic; the guesser calling guess with three board words (any three: which ones
+    is what RL teaches)."""
+    rng, examples = random.Random(seed + 7), []
+    for _ in range(count):
+        dealt = deal(rng)
+        board = " ".join(dealt["board"])
+        examples.append({"messages": [
+            {"role": "system", "content": GIVER},
+            {"role": "user", "content": f"Board: {board}\nYour team's words: {' '.join(dealt['team'])}\nClue:"},
+            {"role": "assistant", "content": dealt["topic"]},
+        ]})  # fmt: skip
+        call = {"id": "call_1", "type": "function", "function": {"name": "guess"}}
+        call["function"]["arguments"] = json.dumps({"words": ", ".join(rng.sample(dealt["board"], 3))})
+        examples.append({"tools": [GUESS_TOOL], "messages": [
+            {"role": "system", "content": GUESSER},
+            {"role": "user", "content": f"Board: {board}\nClue: {dealt['topic']} 3"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+        ]})  # fmt: skip
+    return examples
+
+
+def main(argv: list[str] | None = None, *, echo: Any = print) -> dict[str, Any]:
+    args = parse_args(__doc__ or "", argv, steps=30, warmup_steps=150, warmup_lr=5e-3, max_tokens=32)
+    with trainable_model(args, f"codenames-{args.seed}", "examples") as (model, llm):
+        trainer = art.Trainer(
+            build_graph(llm),
+            model,
+            rewards=[team_words],
+            num_generations=args.num_generations,
+            scenarios_per_step=args.scenarios_per_step,
+            config=grpo_config(args, trainable_nodes=["guesser"]),  # the clue giver's turns are not trained on
+            eval_scenarios=scenarios(16, seed=10_000 + args.seed),
+            eval_every=10,
+        )
+        if args.warmup_steps:
+            losses = trainer.warmup(warmup_conversations(seed=args.seed), steps=args.warmup_steps,
+                                    learning_rate=args.warmup_lr)  # fmt: skip
+            echo(f"warm-up: {args.warmup_steps} SFT steps, loss {losses[0]:.2f} -> {losses[-1]:.2f}")
+        history = trainer.train(scenarios(64, seed=args.seed), steps=args.steps)
+        summary = report(trainer, history, echo=echo)
+        trained = [m.get("train/sequences", 0.0) for m in history]
+        echo(f"sequences trained per step (guesser turns only): {trained[:5]} ...")
+        last = trainer.store.trajectories(split="eval", step=trainer.evals[-1]["policy_step"])
+        if last:
+            echo("a round after training:\n" + transcript(last[0]))
+        return summary
+
+
+if __name__ == "__main__":
+    main()

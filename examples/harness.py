@@ -1,0 +1,84 @@
+"""What the examples share: their command line, the model they train, and what they print at the end.
+
+Every example runs offline on the tiny model (``--base-model tiny``, built locally, no download) and takes the
+same options; ``--base-model`` also takes a hub id or a local folder (``from_pretrained``), ``--engine vllm`` samples
+with vLLM (a GPU, or vLLM's CPU build beside this package).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import langgraph_art as art
+from langgraph_art.rewards.render import render_transcript
+
+
+def parse_args(
+    description: str,
+    argv: Sequence[str] | None = None,
+    *,
+    steps: int,
+    warmup_steps: int,
+    options: Sequence[tuple[str, dict[str, Any]]] = (),
+    **defaults: Any,
+) -> argparse.Namespace:
+    """The examples' shared options plus an example's own (``options``: (flag, argparse keywords)); ``defaults``
+    override the other defaults (num_generations, learning_rate, temperature, scenarios_per_step, ...)."""
+    parser = argparse.ArgumentParser(description=description.strip().splitlines()[0])
+    parser.add_argument("--steps", type=int, default=steps, help="GRPO steps")
+    parser.add_argument("--warmup-steps", type=int, default=warmup_steps, help="SFT warm-up steps before RL (0: none)")
+    parser.add_argument("--base-model", default="tiny", help="'tiny' (offline), a hub id or a local folder")
+    parser.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="what samples the rollouts")
+    parser.add_argument("--home", default=".art-examples", help="where checkpoints, runs and the store go")
+    parser.add_argument("--seed", type=int, default=0, help="LoRA init and the examples' own randomness")
+    parser.add_argument("--num-generations", type=int, default=defaults.get("num_generations", 8))
+    parser.add_argument("--scenarios-per-step", type=int, default=defaults.get("scenarios_per_step", 2))
+    parser.add_argument("--learning-rate", type=float, default=defaults.get("learning_rate", 3e-4))
+    parser.add_argument("--num-iterations", type=int, default=defaults.get("num_iterations", 1),
+                        help="updates per step on the same runs")  # fmt: skip
+    parser.add_argument("--warmup-lr", type=float, default=defaults.get("warmup_lr", 1e-2))
+    parser.add_argument("--temperature", type=float, default=defaults.get("temperature", 0.7))
+    parser.add_argument("--max-tokens", type=int, default=defaults.get("max_tokens", 48))
+    for flag, keywords in options:
+        parser.add_argument(flag, **keywords)
+    return parser.parse_args(argv)
+
+
+@contextmanager
+def trainable_model(args: argparse.Namespace, name: str, project: str) -> Iterator[tuple[art.TrainableModel, Any]]:
+    """The model to train (registered with an embedded backend) and a ChatART that samples from it."""
+    base_model = args.base_model
+    if args.engine == "vllm" and base_model == "tiny":
+        base_model = "tiny-128"  # vLLM's CPU attention needs head_dim >= 32: the tiny model with 128 hidden
+    with art.LocalBackend(home=args.home, engine=args.engine) as backend:
+        model = art.TrainableModel(name=name, project=project, base_model=base_model).register(backend)
+        llm = art.ChatART(model=model, temperature=args.temperature, max_tokens=args.max_tokens)
+        yield model, llm
+
+
+def grpo_config(args: argparse.Namespace, **overrides: Any) -> art.GRPOConfig:
+    return art.GRPOConfig(
+        learning_rate=args.learning_rate, num_iterations=args.num_iterations, seed=args.seed, **overrides
+    )
+
+
+def transcript(trajectory: art.Trajectory) -> str:
+    """A run as its model calls and answers, node by node."""
+    return render_transcript(trajectory)
+
+
+def report(trainer: art.Trainer, history: list[dict], *, echo: Any = print) -> dict[str, Any]:
+    """Print the 5-step reward means and every evaluation; return them with the file paths."""
+    curve = [m["reward/mean"] for m in history]
+    fives = [statistics.fmean(curve[i : i + 5]) for i in range(0, len(curve), 5)]
+    echo("train reward, 5-step means: " + " ".join(f"{v:.2f}" for v in fives))
+    for e in trainer.evals:
+        echo(f"eval after step {e['iteration']:>3}: reward {e['eval/reward/mean']:.3f} ({e['eval/runs']:.0f} runs)")
+    run_dir = Path(trainer.run_dir)
+    echo(f"curve: {run_dir / 'reward_curve.png'}\nmetrics: {run_dir / 'metrics.jsonl'}")
+    return {"curve": curve, "evals": trainer.evals, "run_dir": run_dir}
