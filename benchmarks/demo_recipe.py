@@ -18,7 +18,7 @@ import tempfile
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from langgraph_art.demo import run_demo  # noqa: E402
+from langgraph_art.demo import run_demo
 
 RECIPES = {
     "old": {"warmup_steps": 60, "warmup_lr": 1e-2, "steps": 40, "num_iterations": 1, "temperature": 1.0},
