@@ -39,7 +39,6 @@ CITIES = ["Lisbon", "Oslo", "Denver", "Kyoto", "Nairobi", "Quito", "Dublin", "Ha
 COMPANIES = ["Acme", "Globex", "Initech", "Umbrella", "Hooli", "Vandelay", "Stark", "Wayne"]
 PEOPLE = ["Alice", "Bruno", "Chen", "Dana", "Emeka", "Fatima", "Goran", "Hana"]
 FILLER = ["Weekly newsletter", "Your order has shipped", "Team lunch", "Password reminder", "Holiday schedule"]
-DB: Path | None = None  # set by open_inbox(); the tools read it
 
 
 def make_inbox(path: Path, *, emails: int = 300, seed: int = 0) -> list[dict[str, Any]]:
@@ -75,43 +74,41 @@ def make_inbox(path: Path, *, emails: int = 300, seed: int = 0) -> list[dict[str
     return questions
 
 
-def _query(sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-    if DB is None:
-        raise RuntimeError("call open_inbox() first")
-    with sqlite3.connect(DB) as db:
-        return db.execute(sql, args).fetchall()
+def inbox_tools(db: Path) -> dict[str, Any]:
+    """The agent's tools over the inbox at ``db``, by name."""
+
+    def query(sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        with sqlite3.connect(db) as connection:
+            return connection.execute(sql, args).fetchall()
+
+    @tool
+    def search_inbox(keywords: str) -> str:
+        """Search the inbox; returns up to 5 emails (id, date, sender, subject) holding every keyword, newest first."""
+        words = {w for w in re.findall(r"\w+", keywords.lower()) if len(w) > 2}
+        if not words:
+            return "No keywords given."
+        rows = query("SELECT id, date, sender, subject, body FROM emails ORDER BY date DESC, id", ())
+        hits = [row[:4] for row in rows if words <= set(re.findall(r"\w+", f"{row[3]} {row[4]}".lower()))]
+        return "\n".join(" | ".join(row) for row in hits[:5]) or "No emails found."
+
+    @tool
+    def read_email(email_id: str) -> str:
+        """Read one email by its id."""
+        rows = query("SELECT id, date, sender, subject, body FROM emails WHERE id = ?", (email_id.strip(),))
+        if not rows:
+            return f"No email with id {email_id!r}."
+        return "\n".join(f"{k}: {v}" for k, v in zip(("id", "date", "from", "subject", "body"), rows[0], strict=True))
+
+    @tool
+    def answer(text: str) -> str:
+        """Give the final answer to the user's question."""
+        return text
+
+    return {"search_inbox": search_inbox, "read_email": read_email, "answer": answer}
 
 
-@tool
-def search_inbox(keywords: str) -> str:
-    """Search the inbox; returns up to 5 emails (id, date, sender, subject) holding every keyword, newest first."""
-    words = {w for w in re.findall(r"\w+", keywords.lower()) if len(w) > 2}
-    if not words:
-        return "No keywords given."
-    rows = _query("SELECT id, date, sender, subject, body FROM emails ORDER BY date DESC, id", ())
-    hits = [row[:4] for row in rows if words <= set(re.findall(r"\w+", f"{row[3]} {row[4]}".lower()))]
-    return "\n".join(" | ".join(row) for row in hits[:5]) or "No emails found."
-
-
-@tool
-def read_email(email_id: str) -> str:
-    """Read one email by its id."""
-    rows = _query("SELECT id, date, sender, subject, body FROM emails WHERE id = ?", (email_id.strip(),))
-    return "\n".join(f"{k}: {v}" for k, v in zip(("id", "date", "from", "subject", "body"), rows[0], strict=True)) \
-        if rows else f"No email with id {email_id!r}."  # fmt: skip
-
-
-@tool
-def answer(text: str) -> str:
-    """Give the final answer to the user's question."""
-    return text
-
-
-TOOLS = {"search_inbox": search_inbox, "read_email": read_email, "answer": answer}
-
-
-def build_graph(llm: art.ChatART) -> Any:
-    model = llm.bind_tools([search_inbox, read_email, answer])
+def build_graph(llm: art.ChatART, tools: dict[str, Any]) -> Any:
+    model = llm.bind_tools(list(tools.values()))
 
     def agent(state: MessagesState) -> dict[str, Any]:
         return {"messages": [model.invoke(state["messages"])]}
@@ -124,7 +121,7 @@ def build_graph(llm: art.ChatART) -> Any:
 
     graph = StateGraph(MessagesState)
     graph.add_node("agent", agent)
-    graph.add_node("tools", ToolNode([search_inbox, read_email]))
+    graph.add_node("tools", ToolNode([tools["search_inbox"], tools["read_email"]]))
     graph.add_edge(START, "agent")
     graph.add_conditional_edges("agent", route, ["tools", END])
     graph.add_edge("tools", "agent")
@@ -176,12 +173,14 @@ def judge_model(spec: str | None) -> BaseChatModel:
     return init_chat_model(spec)
 
 
-def warmup_conversations(questions: list[dict[str, Any]], count: int = 24) -> list[dict[str, Any]]:
+def warmup_conversations(
+    questions: list[dict[str, Any]], tools: dict[str, Any], count: int = 24
+) -> list[dict[str, Any]]:
     """The right sequence for some questions: search with the question's keywords, read the newest hit, answer."""
-    tools = [convert_to_openai_tool(t) for t in (search_inbox, read_email, answer)]
+    schemas = [convert_to_openai_tool(t) for t in tools.values()]
     examples = []
     for q in questions[:count]:
-        found = search_inbox.invoke({"keywords": q["keywords"]})
+        found = tools["search_inbox"].invoke({"keywords": q["keywords"]})
         email_id = found.split(" | ")[0]
         calls = [("search_inbox", {"keywords": q["keywords"]}), ("read_email", {"email_id": email_id})]
         messages: list[dict[str, Any]] = [
@@ -195,7 +194,7 @@ def warmup_conversations(questions: list[dict[str, Any]], count: int = 24) -> li
                 "function": {"name": name, "arguments": json.dumps(arguments)},
             }
             messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
-            result = TOOLS[name].invoke(arguments)
+            result = tools[name].invoke(arguments)
             messages.append({"role": "tool", "tool_call_id": f"call_{n}", "content": result})
         final = {
             "id": "call_9",
@@ -203,25 +202,25 @@ def warmup_conversations(questions: list[dict[str, Any]], count: int = 24) -> li
             "function": {"name": "answer", "arguments": json.dumps({"text": q["fact"]})},
         }
         messages.append({"role": "assistant", "content": "", "tool_calls": [final]})
-        examples.append({"tools": tools, "messages": messages})
+        examples.append({"tools": schemas, "messages": messages})
     return examples
 
 
-def open_inbox(home: str | Path, seed: int) -> list[dict[str, Any]]:
-    global DB
-    DB = Path(home) / "email-agent" / f"inbox-{seed}.sqlite"
-    return make_inbox(DB, seed=seed)
+def open_inbox(home: str | Path, seed: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The inbox written under ``home``: its questions and the tools over it."""
+    db = Path(home) / "email-agent" / f"inbox-{seed}.sqlite"
+    return make_inbox(db, seed=seed), inbox_tools(db)
 
 
 def main(argv: list[str] | None = None, *, echo: Any = print) -> dict[str, Any]:
     judge_option = ("--judge", {"default": None, "help": "provider:model of a judge (e.g. openai:gpt-4.1-mini)"})
     args = parse_args(__doc__ or "", argv, steps=20, warmup_steps=150, max_tokens=64, options=[judge_option])
-    questions = open_inbox(args.home, args.seed)
+    questions, tools = open_inbox(args.home, args.seed)
     train, held_out = questions[:-12], questions[-12:]
     judge = art.RulerJudge(judge_model(args.judge), cache=False, on_error="skip", weight=0.5)
     with trainable_model(args, f"email-agent-{args.seed}", "examples") as (model, llm):
         trainer = art.Trainer(
-            build_graph(llm),
+            build_graph(llm, tools),
             model,
             rewards=[correct_answer, judge],
             num_generations=args.num_generations,
@@ -232,7 +231,9 @@ def main(argv: list[str] | None = None, *, echo: Any = print) -> dict[str, Any]:
             eval_rewards=[correct_answer],  # held out: the fact, no judge
         )
         if args.warmup_steps:
-            losses = trainer.warmup(warmup_conversations(train), steps=args.warmup_steps, learning_rate=args.warmup_lr)
+            losses = trainer.warmup(
+                warmup_conversations(train, tools), steps=args.warmup_steps, learning_rate=args.warmup_lr
+            )
             echo(f"warm-up: {args.warmup_steps} SFT steps, loss {losses[0]:.2f} -> {losses[-1]:.2f}")
         history = trainer.train(train, steps=args.steps)
         summary = report(trainer, history, echo=echo)

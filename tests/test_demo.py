@@ -22,7 +22,7 @@ def test_demo_runs_warmup_then_grpo_and_writes_the_curve(tmp_path: Path, engine:
     assert any(line.startswith("warm-up: 20 SFT steps") for line in lines)
     logged = [json.loads(line) for line in (result["png"].parent / "metrics.jsonl").read_text().splitlines()]
     assert [r["split"] for r in logged] == ["eval", "train", "eval", "train", "eval", "train", "eval"]
-    assert any(line.startswith("the same question after the warm-up and 3 GRPO steps") for line in lines)
+    assert any("the same question after the warm-up and 3 GRPO steps" in line for line in lines)
     assert len(scenarios()) == len(warmup_conversations()) == 6
     assert called_lookup.name == "called_lookup"
     assert logged[1]["step"] >= 0
@@ -36,5 +36,6 @@ def test_the_demo_agent_is_clearly_good_by_the_end(tmp_path: Path) -> None:
     lines: list[str] = []
     result = run_demo(home=tmp_path, echo=lines.append)
     assert result["last"] >= 1.6, result["curve"]
-    assert result["evals"][-1] >= 1.6 and result["evals"][-1] > result["evals"][0], result["evals"]
-    assert any(line.startswith("one question before training") for line in lines)
+    assert result["evals"][-1] >= 1.6 and result["untrained"] < 0.5, (result["untrained"], result["evals"])
+    assert any("one question before training (the untrained model" in line for line in lines)
+    assert any("-> calls lookup" in line for line in lines)  # the trained run's transcript

@@ -349,7 +349,9 @@ def test_plot_leaves_matplotlib_backend_alone(tmp_path: Path) -> None:
     try:
         history = [{"reward/mean": 0.1 * i, "reward/std": 0.05} for i in range(6)]
         model = types.SimpleNamespace(name="m", project="p")
-        target = Trainer.plot(types.SimpleNamespace(history=history, run_dir=tmp_path, model=model))  # type: ignore[arg-type]
+        evals = [{"iteration": 0, "eval/reward/mean": 0.2}, {"iteration": 5, "eval/reward/mean": 0.6}]
+        trainer = types.SimpleNamespace(history=history, evals=evals, run_dir=tmp_path, model=model)
+        target = Trainer.plot(trainer)  # type: ignore[arg-type]
         assert target is not None and target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert matplotlib.get_backend() == "svg"
     finally:
