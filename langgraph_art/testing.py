@@ -268,6 +268,7 @@ class FakeBackend:
 
 def echo_graph() -> Any:
     """One async node that answers ``seen <number of messages>``."""
+
     async def agent(state: MessagesState) -> dict[str, Any]:
         return {"messages": [AIMessage(f"seen {len(state['messages'])}")]}
 
