@@ -22,7 +22,7 @@ import random
 import re
 from typing import Any, TypedDict
 
-from harness import grpo_config, parse_args, report, trainable_model, transcript
+from harness import grpo_config, parse_args, report, trainable_model, warm_up
 from langchain_core.tools import tool
 from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.graph import END, START, StateGraph
@@ -138,17 +138,11 @@ def main(argv: list[str] | None = None, *, echo: Any = print) -> dict[str, Any]:
             eval_scenarios=scenarios(16, seed=10_000 + args.seed),
             eval_every=10,
         )
-        if args.warmup_steps:
-            losses = trainer.warmup(warmup_conversations(seed=args.seed), steps=args.warmup_steps,
-                                    learning_rate=args.warmup_lr)  # fmt: skip
-            echo(f"warm-up: {args.warmup_steps} SFT steps, loss {losses[0]:.2f} -> {losses[-1]:.2f}")
+        warm_up(trainer, warmup_conversations(seed=args.seed), args, echo=echo)
         history = trainer.train(scenarios(64, seed=args.seed), steps=args.steps)
-        summary = report(trainer, history, echo=echo)
+        summary = report(trainer, history, echo=echo, shown="a round")
         trained = [m.get("train/sequences", 0.0) for m in history]
         echo(f"sequences trained per step (guesser turns only): {trained[:5]} ...")
-        last = trainer.store.trajectories(split="eval", step=trainer.evals[-1]["policy_step"])
-        if last:
-            echo("a round after training:\n" + transcript(last[0]))
         return summary
 
 

@@ -23,7 +23,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from harness import grpo_config, parse_args, report, trainable_model, transcript
+from harness import grpo_config, parse_args, report, trainable_model, warm_up
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
@@ -230,17 +230,10 @@ def main(argv: list[str] | None = None, *, echo: Any = print) -> dict[str, Any]:
             eval_every=10,
             eval_rewards=[correct_answer],  # held out: the fact, no judge
         )
-        if args.warmup_steps:
-            losses = trainer.warmup(
-                warmup_conversations(train, tools), steps=args.warmup_steps, learning_rate=args.warmup_lr
-            )
-            echo(f"warm-up: {args.warmup_steps} SFT steps, loss {losses[0]:.2f} -> {losses[-1]:.2f}")
+        warm_up(trainer, warmup_conversations(train, tools), args, echo=echo)
         history = trainer.train(train, steps=args.steps)
-        summary = report(trainer, history, echo=echo)
+        summary = report(trainer, history, echo=echo, shown="a run")
         echo(f"judge calls: {judge.usage['calls']:.0f}")
-        last = trainer.store.trajectories(split="eval", step=trainer.evals[-1]["policy_step"])
-        if last:
-            echo("a run after training:\n" + transcript(last[0]))
         return summary
 
 

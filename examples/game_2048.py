@@ -20,7 +20,7 @@ import math
 import random
 from typing import Any, TypedDict
 
-from harness import grpo_config, parse_args, report, trainable_model, transcript
+from harness import grpo_config, parse_args, report, trainable_model, warm_up
 from langchain_core.messages import AIMessage
 from langchain_core.tools import tool
 from langchain_core.utils.function_calling import convert_to_openai_tool
@@ -177,17 +177,9 @@ def main(argv: list[str] | None = None, *, echo: Any = print) -> dict[str, Any]:
             eval_scenarios=scenarios(range(5000, 5016)),
             eval_every=10,
         )
-        if args.warmup_steps:
-            losses = trainer.warmup(warmup_conversations(seed=args.seed), steps=args.warmup_steps,
-                                    learning_rate=args.warmup_lr)  # fmt: skip
-            echo(f"warm-up: {args.warmup_steps} SFT steps, loss {losses[0]:.2f} -> {losses[-1]:.2f}")
+        warm_up(trainer, warmup_conversations(seed=args.seed), args, echo=echo)
         history = trainer.train(scenarios(range(args.seed * 1000, args.seed * 1000 + 64)), steps=args.steps)
-        summary = report(trainer, history, echo=echo)
-        last = trainer.store.trajectories(split="eval", step=trainer.evals[-1]["policy_step"])
-        if last:
-            final = last[0].output if isinstance(last[0].output, dict) else {}
-            echo(f"a game after training (score {final.get('score')}):\n" + transcript(last[0]))
-        return summary
+        return report(trainer, history, echo=echo, shown="a game")
 
 
 if __name__ == "__main__":

@@ -67,13 +67,16 @@ def grpo_config(args: argparse.Namespace, **overrides: Any) -> art.GRPOConfig:
     )
 
 
-def transcript(trajectory: art.Trajectory) -> str:
-    """A run as its model calls and answers, node by node."""
-    return render_transcript(trajectory)
+def warm_up(trainer: art.Trainer, examples: list[dict[str, Any]], args: argparse.Namespace, *, echo: Any) -> None:
+    """The SFT warm-up before RL (none with ``--warmup-steps 0``), its loss printed."""
+    if args.warmup_steps:
+        losses = trainer.warmup(examples, steps=args.warmup_steps, learning_rate=args.warmup_lr)
+        echo(f"warm-up: {args.warmup_steps} SFT steps, loss {losses[0]:.2f} -> {losses[-1]:.2f}")
 
 
-def report(trainer: art.Trainer, history: list[dict], *, echo: Any = print) -> dict[str, Any]:
-    """Print the 5-step reward means and every evaluation; return them with the file paths."""
+def report(trainer: art.Trainer, history: list[dict], *, echo: Any = print, shown: str = "a run") -> dict[str, Any]:
+    """Print the 5-step reward means, every evaluation and ``shown`` (one run of the last evaluation); return them
+    with the file paths and that run."""
     curve = [m["reward/mean"] for m in history]
     fives = [statistics.fmean(curve[i : i + 5]) for i in range(0, len(curve), 5)]
     echo("train reward, 5-step means: " + " ".join(f"{v:.2f}" for v in fives))
@@ -81,4 +84,7 @@ def report(trainer: art.Trainer, history: list[dict], *, echo: Any = print) -> d
         echo(f"eval after step {e['iteration']:>3}: reward {e['eval/reward/mean']:.3f} ({e['eval/runs']:.0f} runs)")
     run_dir = Path(trainer.run_dir)
     echo(f"curve: {run_dir / 'reward_curve.png'}\nmetrics: {run_dir / 'metrics.jsonl'}")
-    return {"curve": curve, "evals": trainer.evals, "run_dir": run_dir}
+    runs = trainer.store.trajectories(split="eval", step=trainer.evals[-1]["policy_step"]) if trainer.evals else []
+    if runs:
+        echo(f"{shown} after training (reward {runs[0].reward or 0:.2f}):\n{render_transcript(runs[0])}")
+    return {"curve": curve, "evals": trainer.evals, "run_dir": run_dir, "last_run": runs[0] if runs else None}

@@ -18,7 +18,7 @@ import random
 import re
 from typing import Any
 
-from harness import grpo_config, parse_args, report, trainable_model, transcript
+from harness import grpo_config, parse_args, report, trainable_model, warm_up
 from langgraph.graph import START, MessagesState, StateGraph
 
 import langgraph_art as art
@@ -108,16 +108,9 @@ def main(argv: list[str] | None = None, *, echo: Any = print) -> dict[str, Any]:
             eval_scenarios=held_out,
             eval_every=10,
         )
-        if args.warmup_steps:  # step one: supervised, on the references
-            losses = trainer.warmup(reference_conversations(train), steps=args.warmup_steps,
-                                    learning_rate=args.warmup_lr)  # fmt: skip
-            echo(f"SFT: {args.warmup_steps} steps on reference summaries, loss {losses[0]:.2f} -> {losses[-1]:.2f}")
+        warm_up(trainer, reference_conversations(train), args, echo=echo)  # step one: supervised, on the references
         history = trainer.train(train, steps=args.steps)  # step two: RL
-        summary = report(trainer, history, echo=echo)
-        last = trainer.store.trajectories(split="eval", step=trainer.evals[-1]["policy_step"])
-        if last:
-            echo("a summary after training:\n" + transcript(last[0]))
-        return summary
+        return report(trainer, history, echo=echo, shown="a summary")
 
 
 if __name__ == "__main__":
