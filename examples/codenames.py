@@ -4,11 +4,10 @@ The board shows nine words from three topics. Node ``clue_giver`` knows which th
 one-word clue; node ``guesser`` sees the board and the clue and calls ``guess(words)``. Both call the same
 ``ChatART``, but ``GRPOConfig(trainable_nodes=["guesser"])`` makes the update learn from the guesser's turns only:
 the clue giver's turns are captured (and shown in Langfuse) but never trained on. Reward: +1/3 per team word
-guessed (a guess of
-another board word earns nothing).
+guessed (a guess of another board word earns nothing).
 
-Offline, tiny model (a short SFT warm-up teaches the clue giver to name the topic and both roles the shape of their
-answers; RL teaches the guesser which words belong to a topic):
+Offline, tiny model (an SFT warm-up teaches the clue giver to name the topic and both roles the shape of their
+answers; which words belong to a topic is beyond the tiny model: its evaluation moves from 0.06 to 0.08):
     OMP_NUM_THREADS=1 python examples/codenames.py --steps 30
 On a real model (GPU), where the clue giver needs no warm-up:
     python examples/codenames.py --base-model Qwen/Qwen2.5-1.5B-Instruct --warmup-steps 0 --steps 100 \\
