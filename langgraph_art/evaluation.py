@@ -17,7 +17,7 @@ from typing import Any
 from langchain_core.runnables import Runnable
 
 from langgraph_art.capture.rollout import agather_groups
-from langgraph_art.rewards.combine import ascore_groups
+from langgraph_art.rewards.combine import RewardReport, ascore_groups
 from langgraph_art.sync import run_sync
 from langgraph_art.types import TrajectoryGroup
 
@@ -64,16 +64,22 @@ async def aevaluate(
     if store is not None:  # with their rewards now
         for group in groups:
             await asyncio.to_thread(store.add_group, group)
-    scored = dict(report.metrics)
-    metrics = {
-        "eval/reward/mean": scored.pop("reward/total", float("nan")),
-        "eval/reward/std": scored.pop("reward/total_std", float("nan")),
-        "eval/runs": float(sum(len(g.trajectories) for g in groups)),
-        "eval/runs/failed": float(sum(len(g.failed) for g in groups)),
-        **{f"eval/{key}": value for key, value in scored.items()},
-        "eval/time_s": time.perf_counter() - started,
-    }
+    metrics = {f"eval/{key}": value for key, value in reward_metrics(report, groups).items()}
+    metrics["eval/runs"] = float(sum(len(g.trajectories) for g in groups))
+    metrics["eval/time_s"] = time.perf_counter() - started
     return Evaluation(metrics, groups)
+
+
+def reward_metrics(report: RewardReport, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
+    """A step's (or an evaluation's) reward metrics: ``reward/mean`` and ``reward/std`` of the runs' weighted totals,
+    ``runs/failed``, and the report's per-reward means and counts (``reward/<name>``, ``reward/runs_scored``, ...)."""
+    scored = dict(report.metrics)
+    return {
+        "reward/mean": scored.pop("reward/total", float("nan")),
+        "reward/std": scored.pop("reward/total_std", float("nan")),
+        "runs/failed": float(sum(len(g.failed) for g in groups)),
+        **scored,
+    }
 
 
 def evaluate(

@@ -34,10 +34,10 @@ from langgraph_art.backends.base import Backend
 from langgraph_art.capture.rollout import agather_groups, check_scenarios
 from langgraph_art.config import GRPOConfig
 from langgraph_art.errors import ConfigError, TrainingAborted
-from langgraph_art.evaluation import aevaluate
+from langgraph_art.evaluation import aevaluate, reward_metrics
 from langgraph_art.model import TrainableModel
 from langgraph_art.progress import ProgressBar
-from langgraph_art.rewards.combine import ascore_groups
+from langgraph_art.rewards.combine import as_source, ascore_groups
 from langgraph_art.runlog import append_record, plot_rewards
 from langgraph_art.sinks import LangfuseSink, make_sinks
 from langgraph_art.sync import run_sync
@@ -179,7 +179,7 @@ class Trainer:
             "steps": steps,
             "scenarios_per_step": self.scenarios_per_step,
             "max_steps_off_policy": self.max_steps_off_policy,
-            "rewards": [getattr(r, "name", getattr(r, "__name__", type(r).__name__)) for r in self.rewards],
+            "rewards": [as_source(r).name for r in self.rewards],
             "eval_scenarios": len(self.eval_scenarios),
             "eval_every": self.eval_every,
             **self.config.model_dump(mode="json"),
@@ -203,8 +203,8 @@ class Trainer:
             recorders=[self.model.recorder],
             metadata={"policy_step": policy_step, "training_run": self.run_id},
         )
-        record = {"split": "eval", "iteration": iteration, "step": policy_step, "policy_step": policy_step}
-        record = {**record, **result.metrics}
+        record = {"split": "eval", "iteration": iteration, "step": policy_step, "policy_step": policy_step,
+                  **result.metrics}  # fmt: skip
         self.evals.append(record)
         await asyncio.to_thread(self._log, record, wall)
 
@@ -294,22 +294,20 @@ class Trainer:
         finally:  # rewards (and advantages) are part of the record, kept even when the step fails
             for group in groups:
                 await asyncio.to_thread(self.store.add_group, group)
-        scored = dict(report.metrics)
         lags = [trained_on - turn.policy_step for g in groups for t in g.trajectories for turn in t.turns()
                 if turn.policy_step is not None]  # fmt: skip
         metrics = {
             "step": float(result.step),
             "policy_step": float(policy_step),
-            "reward/mean": scored.pop("reward/total", float("nan")),  # the mean of the runs' weighted totals
-            "reward/std": scored.pop("reward/total_std", float("nan")),
-            "runs/failed": float(sum(len(g.failed) for g in groups)),
+            **reward_metrics(
+                report, groups
+            ),  # reward/mean (of the runs' weighted totals), reward/std, runs/failed, ...
             "time/rollout_s": rollout.seconds,
             "time/learn_s": time.perf_counter() - learn_started,
             "time/step_s": time.perf_counter() - rollout.started,
             "off_policy/steps_mean": sum(lags) / len(lags) if lags else 0.0,
             "off_policy/steps_max": float(max(lags, default=0)),
             "train/updated": float(result.updated),
-            **scored,
             **result.metrics,
         }
         if not result.updated:  # warned once; later ones at INFO (train/updated = 0 in the metrics says it too)

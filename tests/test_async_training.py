@@ -290,3 +290,37 @@ async def test_pipelined_create_agent_trains_inside_a_running_loop(where: str, r
     assert all(m["off_policy/steps_max"] <= 1 for m in history)
     stored = [t for t in backend.store(model).trajectories(status="ok") if t.metadata["training_run"] == trainer.run_id]
     assert len(stored) == 24 and all(t.reward is not None for t in stored)
+
+
+async def test_create_agent_with_evaluation_and_a_sink_inside_a_running_loop(backend: art.LocalBackend) -> None:
+    """Evaluation and the sinks on a graph we did not write (create_agent's async model node), awaited in a running
+    loop: held-out runs before, between and after the steps, stored as split="eval", every record to the sink."""
+    from langchain.agents import create_agent
+
+    records: list[dict[str, Any]] = []
+
+    class Keep:
+        name = "keep"
+
+        def start(self, info: Any) -> None:
+            pass
+
+        def submit(self, record: Any) -> None:
+            records.append(dict(record))
+
+        def finish(self, *, curve: Any, timeout: float) -> None:
+            pass
+
+    model = model_for(backend, "evaluated-agent")
+    graph = create_agent(model=art.ChatART(model=model, temperature=1.0, max_tokens=8), tools=[get_weather])
+    held_out = [{"id": "held-out", "input": {"messages": [("user", "Weather in Oslo?")]}}]
+    trainer = art.Trainer(graph, model, rewards=[varied], num_generations=4, config=CONFIG, eval_scenarios=held_out,
+                          eval_every=1, eval_generations=2, sinks=[Keep()])  # fmt: skip
+    history = await trainer.atrain(SCENARIOS, steps=2, progress=False)
+    assert len(history) == 2 and [e["iteration"] for e in trainer.evals] == [0, 1, 2]
+    assert [(r["split"], r["iteration"]) for r in records] == [
+        ("eval", 0), ("train", 1), ("eval", 1), ("train", 2), ("eval", 2)
+    ]  # fmt: skip
+    runs = [t for t in backend.store(model).trajectories(split="eval") if t.metadata["training_run"] == trainer.run_id]
+    assert len(runs) == 6 and all(t.status == "ok" and t.turns() for t in runs)
+    assert {t.metadata["policy_step"] for t in runs} == {e["policy_step"] for e in trainer.evals}

@@ -223,14 +223,15 @@ class GRPOTrainer:
                 )
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        later = {
-            f"train/later_passes/{k}": last[k] / max(cfg.num_iterations - 1, 1) for k in ("clip_fraction", "ratio_mean")
-        }
         self.step_count += 1
         seconds = time.perf_counter() - started
         metrics = {
             **{f"train/{k}": v for k, v in sums.items()},  # the first pass: before this step's update
-            **(later if cfg.num_iterations > 1 else {}),
+            **{  # the passes after the first (none with num_iterations=1)
+                f"train/later_passes/{k}": last[k] / (cfg.num_iterations - 1)
+                for k in ("clip_fraction", "ratio_mean")
+                if cfg.num_iterations > 1
+            },
             "train/grad_norm": grad_norm,
             "train/sequences": float(len(sequences)),
             "train/tokens": float(total_tokens),
