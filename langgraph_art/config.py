@@ -67,6 +67,10 @@ class GRPOConfig(BaseModel):
     # shared-prompt forward (one prompt forward per micro-batch; not possible under checkpointing)
     gradient_checkpointing: bool | None = None
     logits_chunk_size: int | None = None  # tokens per LM-head chunk; None: chunks of <= 2**26 logits (256 MB fp32)
+    # turns sampled under a grammar (structured output, forced tool calls): their logprobs recomputed under the same
+    # mask ("masked": the distribution they were sampled from) or under the whole vocabulary ("unmasked": the
+    # importance ratio then starts at the policy's mass inside the mask, not 1); see README, "Structured output"
+    constrained_logprobs: Literal["masked", "unmasked"] = "masked"
 
     @model_validator(mode="after")
     def _check(self) -> GRPOConfig:

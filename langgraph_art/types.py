@@ -63,7 +63,12 @@ TrajectoryStatus = Literal["running", "ok", "failed", "interrupted"]
 
 
 class Turn(BaseModel):
-    """One LLM call: what was asked, what was sampled (exact token ids and logprobs), where in the graph."""
+    """One LLM call: what was asked, what was sampled (exact token ids and logprobs), where in the graph.
+
+    ``grammar``: the llguidance grammar the server sampled under (structured output, a forced tool call), None for
+    free text; the trainer recomputes the logprobs under the same mask. ``closing_tokens``: the last that many
+    ``token_ids`` were chosen by the server to complete a structure ``max_tokens`` cut short (never trained on).
+    """
 
     id: str
     run_id: str | None = None
@@ -75,6 +80,8 @@ class Turn(BaseModel):
     token_ids: list[int] = Field(default_factory=list)
     logprobs: list[float] = Field(default_factory=list)
     finish_reason: str | None = None
+    grammar: str | None = None
+    closing_tokens: int = 0
     model: str | None = None
     policy_step: int | None = None
     call_id: str | None = None

@@ -71,7 +71,35 @@ CASES = [
         "messages[0].content[0]",
     ),
     ("penalty", with_(presence_penalty=1.0), 400, "presence_penalty"),
-    ("json response_format", with_(response_format={"type": "json_object"}), 400, "response_format"),
+    ("unknown response_format", with_(response_format={"type": "regex"}), 400, "response_format"),
+    (
+        "json_schema without a schema",
+        with_(response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
+        400,
+        "response_format",
+    ),
+    (
+        "schema that cannot be enforced",
+        with_(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}),
+        400,
+        "response_format",
+    ),
+    (
+        "forced tool with a dangling $ref",
+        with_(
+            tools=[TOOL, {**TOOL, "function": {"name": "g", "parameters": {"$ref": "#/nope", "type": "object"}}}],
+            tool_choice="required",
+        ),
+        400,
+        "tools[1].function.parameters",
+    ),
+    ("required without tools", with_(tool_choice="required"), 400, "tool_choice"),
+    (
+        "ignore_eos with structured output",
+        with_(response_format={"type": "json_object"}, ignore_eos=True),
+        400,
+        "ignore_eos",
+    ),
 ]
 
 

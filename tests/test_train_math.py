@@ -124,7 +124,10 @@ def test_chunked_logprobs_by_hand() -> None:
     from langgraph_art.train.loss import chunked_logprobs_and_entropy
 
     hidden = torch.tensor([[[0.0, math.log(3)], [math.log(2), 0.0]]])  # [1, 2, 2]
-    logprobs, entropy = chunked_logprobs_and_entropy(hidden, lambda h: h, torch.tensor([[1, 0]]), torch.ones(1), 1)
+    logprobs, entropy, log_mass = chunked_logprobs_and_entropy(
+        hidden, lambda h: h, torch.tensor([[1, 0]]), torch.ones(1), 1
+    )
+    assert log_mass.tolist()[0] == [0.0, 0.0]  # no grammar: all the mass is allowed
     assert logprobs.tolist()[0] == pytest.approx([math.log(3 / 4), math.log(2 / 3)])
     h0 = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
     h1 = -(2 / 3 * math.log(2 / 3) + 1 / 3 * math.log(1 / 3))
@@ -144,14 +147,75 @@ def test_chunked_logprobs_equal_the_whole_computation_with_gradients(chunk: int)
     for fn in ("whole", "chunked"):
         hidden.grad, head.weight.grad = None, None
         if fn == "whole":
-            logprobs, entropy = token_logprobs_and_entropy(head(hidden), targets, temperature)
+            logprobs, entropy, _ = token_logprobs_and_entropy(head(hidden), targets, temperature)
         else:
-            logprobs, entropy = chunked_logprobs_and_entropy(hidden, head, targets, temperature, chunk)
+            logprobs, entropy, _ = chunked_logprobs_and_entropy(hidden, head, targets, temperature, chunk)
         (logprobs * torch.arange(7.0)).sum().backward()
         results.append((logprobs.detach(), entropy, hidden.grad.clone(), head.weight.grad.clone()))
     for whole, chunked in zip(*results, strict=True):
         assert torch.allclose(whole, chunked, atol=1e-6)
     assert not results[1][1].requires_grad  # entropy is a statistic, detached
+
+
+def _packed(allowed: list[list[int]], vocab: int) -> torch.Tensor:
+    """Packed int32 masks [N, W] (models.grammar's layout) from lists of allowed token ids."""
+    out = torch.zeros((len(allowed), (vocab + 31) // 32), dtype=torch.int64)
+    for row, ids in enumerate(allowed):
+        for t in ids:
+            out[row, t // 32] |= 1 << (t % 32)
+    return torch.where(out >= 2**31, out - 2**32, out).to(torch.int32)
+
+
+def test_masked_logprobs_by_hand() -> None:
+    """Logits [0, ln 3, ln 4] -> p = [1/8, 3/8, 4/8]. Position 0 allows {0, 1}: the sampler drew from [1/4, 3/4],
+    target 1 -> log 3/4, mass inside the mask 1/2. Position 1 allows only {2} (a forced token): logprob 0, no
+    gradient. Unmasked, the same targets have log 3/8 and log 4/8, and the mass is reported all the same."""
+    from langgraph_art.train.loss import GrammarMasks, token_logprobs_and_entropy
+
+    logits = torch.tensor([[[0.0, math.log(3), math.log(4)]] * 2], requires_grad=True)  # [1, 2, 3]
+    targets = torch.tensor([[1, 2]])
+    masks = GrammarMasks(torch.tensor([0, 0]), torch.tensor([0, 1]), _packed([[0, 1], [2]], 3))
+    allowed = masks.dense(0, 2, 1, 3)
+    assert allowed is not None and allowed.tolist() == [[[True, True, False], [False, False, True]]]
+    logprobs, entropy, log_mass = token_logprobs_and_entropy(logits, targets, torch.ones(1), allowed)
+    assert logprobs.tolist()[0] == pytest.approx([math.log(3 / 4), 0.0], abs=1e-6)
+    assert log_mass.exp().tolist()[0] == pytest.approx([1 / 2, 1 / 2])
+    assert entropy.tolist()[0] == pytest.approx([-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)), 0.0], abs=1e-6)
+    logprobs[0, 1].backward()
+    assert logits.grad is not None and logits.grad.abs().max() == 0  # a forced token teaches nothing
+
+    plain, plain_entropy, plain_mass = token_logprobs_and_entropy(logits, targets, torch.ones(1), allowed, False)
+    assert plain.tolist()[0] == pytest.approx([math.log(3 / 8), math.log(4 / 8)])
+    assert plain_mass.tolist()[0] == pytest.approx(log_mass.tolist()[0])
+    assert plain_entropy.tolist()[0][0] == pytest.approx(-sum(p * math.log(p) for p in (1 / 8, 3 / 8, 4 / 8)))
+    assert masks.dense(2, 4, 1, 3) is None  # no grammar in those columns
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 5])
+def test_chunked_masked_logprobs_equal_the_whole_computation(chunk: int) -> None:
+    from langgraph_art.train.loss import GrammarMasks, chunked_logprobs_and_entropy, token_logprobs_and_entropy
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(4, 40, bias=False)  # 40 tokens: two packed words
+    hidden = torch.randn(2, 5, 4, requires_grad=True)
+    targets = torch.tensor([[3, 33, 1, 7, 39], [0, 2, 35, 4, 6]])
+    rows, cols = torch.tensor([0, 0, 1]), torch.tensor([1, 4, 2])
+    masks = GrammarMasks(rows, cols, _packed([[33, 34], [39], [1, 35, 36]], 40))
+    results = []
+    for fn in ("whole", "chunked"):
+        hidden.grad, head.weight.grad = None, None
+        if fn == "whole":
+            allowed = masks.dense(0, 5, 2, 40)
+            logprobs, entropy, log_mass = token_logprobs_and_entropy(head(hidden), targets, torch.ones(2), allowed)
+        else:
+            logprobs, entropy, log_mass = chunked_logprobs_and_entropy(
+                hidden, head, targets, torch.ones(2), chunk, masks
+            )
+        logprobs.sum().backward()
+        results.append((logprobs.detach(), entropy, log_mass, hidden.grad.clone(), head.weight.grad.clone()))
+    for whole, chunked in zip(*results, strict=True):
+        assert torch.allclose(whole, chunked, atol=1e-6)
+    assert results[0][0][0, 4] == 0.0 and results[0][2][0, 0] == 0.0  # forced token; no grammar at column 0
 
 
 def test_chunk_size_keeps_a_chunks_logits_under_the_budget() -> None:

@@ -11,11 +11,13 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.language_models import ModelProfile
 from langchain_core.messages import BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult, LLMResult
+from langchain_core.utils.function_calling import convert_to_json_schema
 from langchain_openai import ChatOpenAI
 from pydantic import Field, model_validator
 
@@ -117,6 +119,31 @@ class ChatART(ChatOpenAI):
     def _llm_type(self) -> str:
         return ART_LLM_TYPE
 
+    def _resolve_model_profile(self) -> ModelProfile | None:
+        """What the langgraph-art service does for every model it serves: tools, forced tool choice and structured
+        output by constrained decoding (so LangChain's ``create_agent(response_format=Schema)`` asks for the answer
+        as a JSON-schema response format, not through an extra tool)."""
+        return ModelProfile(tool_calling=True, tool_choice=True, structured_output=True, text_inputs=True)
+
+    def with_structured_output(
+        self,
+        schema: Any = None,
+        *,
+        method: Literal["function_calling", "json_mode", "json_schema"] = "json_schema",
+        include_raw: bool = False,
+        strict: bool | None = None,
+        tools: list | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """ChatOpenAI's, except that ``method="json_mode"`` with a schema sends it along
+        (``response_format={"type": "json_object", "schema": ...}``, the extension llama.cpp and Together accept):
+        the service then constrains the JSON to the schema, so the parsed result validates, not just any object."""
+        if method == "json_mode" and schema is not None and "response_format" not in kwargs:
+            kwargs["response_format"] = {"type": "json_object", "schema": convert_to_json_schema(schema)}
+        return super().with_structured_output(
+            schema, method=method, include_raw=include_raw, strict=strict, tools=tools, **kwargs
+        )
+
     @classmethod
     def get_lc_namespace(cls) -> list[str]:
         return ["langgraph_art", "capture", "chat_model"]
@@ -157,6 +184,9 @@ class ChatART(ChatOpenAI):
             info["finish_reason"] = choice.get("finish_reason")
             if body.get("prompt_token_ids") is not None:
                 info["prompt_token_ids"] = body["prompt_token_ids"]
+            if body.get("grammar") is not None:  # structured output: what the trainer recomputes the logprobs under
+                info["grammar"] = body["grammar"]
+                info["closing_tokens"] = choice.get("closing_tokens") or 0
             generation.generation_info = info
         if isinstance(response, dict) and result.generations and choices and "refusal" in choices[0]["message"]:
             # an in-process answer is a dict; from a parsed response langchain-openai copies this one field
@@ -167,17 +197,22 @@ class ChatART(ChatOpenAI):
         self, chunk: dict, default_chunk_class: type, base_generation_info: dict | None
     ) -> ChatGenerationChunk | None:
         result = super()._convert_chunk_to_generation_chunk(chunk, default_chunk_class, base_generation_info)
-        choices = chunk.get("choices") or []
-        first = bool(choices) and bool((choices[0].get("delta") or {}).get("role"))
-        if result is not None and first:
+        raw = (chunk.get("chunk") if chunk.get("type") == "chunk" else chunk) or {}  # the SDK's structured stream
+        choices = raw.get("choices") or []
+        if result is None or not choices:
+            return result
+        info = dict(result.generation_info or {})
+        if (choices[0].get("delta") or {}).get("role"):
             # langchain-openai drops the completion id of streamed chunks; keep it (once: equal strings in
             # generation_info are concatenated when chunks merge) so the turn knows its call id.
-            info = dict(result.generation_info or {})
-            if isinstance(chunk.get("id"), str):
-                info["call_id"] = chunk["id"].removeprefix("chatcmpl-")
-            if chunk.get("prompt_token_ids") is not None:
-                info["prompt_token_ids"] = chunk["prompt_token_ids"]
-            result.generation_info = info
+            if isinstance(raw.get("id"), str):
+                info["call_id"] = raw["id"].removeprefix("chatcmpl-")
+            for key in ("prompt_token_ids", "grammar"):
+                if raw.get(key) is not None:
+                    info[key] = raw[key]
+        if choices[0].get("closing_tokens") is not None:  # on the last chunk of a structured choice
+            info["closing_tokens"] = choices[0]["closing_tokens"]
+        result.generation_info = info or None
         return result
 
     # -- recording this model's own calls --------------------------------------------------------------------

@@ -92,6 +92,8 @@ class Choice:
     finish_reason: str | None
     model: str | None
     call_id: str | None
+    grammar: str | None = None  # what the server sampled under (structured output, a forced tool call)
+    closing_tokens: int = 0  # the last that many tokens were the server's, completing a structure cut short
 
 
 def choices_of(result: LLMResult, invocation: dict[str, Any]) -> list[Choice]:
@@ -116,6 +118,8 @@ def choices_of(result: LLMResult, invocation: dict[str, Any]) -> list[Choice]:
                 finish_reason=info.get("finish_reason") or meta.get("finish_reason"),
                 model=model,
                 call_id=_call_id(generation, result.llm_output),
+                grammar=info.get("grammar") if isinstance(info.get("grammar"), str) else None,
+                closing_tokens=int(info.get("closing_tokens") or 0),
             )
         )
     return out
@@ -148,6 +152,8 @@ def build_turns(
                 token_ids=choice.token_ids.tolist(),
                 logprobs=choice.logprobs.tolist(),
                 finish_reason=choice.finish_reason,
+                grammar=choice.grammar,
+                closing_tokens=choice.closing_tokens,
                 model=choice.model,
                 policy_step=policy_step(choice.model),
                 call_id=choice.call_id,

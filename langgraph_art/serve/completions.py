@@ -1,8 +1,15 @@
 """``POST /v1/chat/completions``, streaming or not: prompts rendered once for every engine, every completion token
-with its ``token_id`` inside ``logprobs.content[i]``, and the call named in the ``x-langgraph-art-call-id`` header."""
+with its ``token_id`` inside ``logprobs.content[i]``, and the call named in the ``x-langgraph-art-call-id`` header.
+
+Structured output and forced tool calls (``structured.py``) become a grammar the engine samples under; a sample the
+budget cut short is closed (``closing.py``). With ``return_token_ids`` the response also carries the grammar
+(``"grammar"``, beside ``prompt_token_ids``) and each choice its ``closing_tokens``: what the trainer needs to
+recompute the turn's logprobs under the same mask.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -15,8 +22,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from langgraph_art.errors import ModelNotFoundError
 from langgraph_art.serve.chat import PromptCache, StreamedText, TokenText, assistant_message, logprob_content
-from langgraph_art.serve.engines.base import Engine, FinishedEvent, GenerationRequest, GenerationResult
+from langgraph_art.serve.closing import HOLD, close_result, needs_closing
+from langgraph_art.serve.engines.base import Engine, FinishedEvent, GenerationRequest, GenerationResult, token_budget
 from langgraph_art.serve.protocol import ChatCompletionRequest, error_body
+from langgraph_art.serve.structured import ToolCallFormat, request_constraint
 from langgraph_art.types import ModelRef
 
 log = logging.getLogger(__name__)
@@ -30,21 +39,42 @@ class ChatCompletions:
     def __init__(self, engine: Engine, ready: Callable[[], TokenText], policies: set[str]) -> None:
         self.engine, self.ready, self.policies = engine, ready, policies
         self.prompts = PromptCache()
+        self._calls: tuple[ToolCallFormat | None] | None = None  # probed once, from the engine's chat template
 
-    def prepare(self, body: ChatCompletionRequest) -> tuple[TokenText, GenerationRequest]:
+    def tool_call_format(self) -> ToolCallFormat | None:
+        if self._calls is None:
+            self._calls = (ToolCallFormat.probe(self.engine.tokenizer),)
+        return self._calls[0]
+
+    async def prepare(self, body: ChatCompletionRequest) -> tuple[TokenText, GenerationRequest]:
         """Check the request and render its prompt; the errors are the route's (400, 404, 503)."""
         token_text = self.ready()
         body.check_supported()
         adapter = resolve_adapter(self.engine, body.model, self.policies)
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
         prompt = self.prompts.render(self.engine.tokenizer, body.template_messages(), tools)
-        return token_text, GenerationRequest(prompt, body.sampling_params(), adapter, uuid.uuid4().hex)
+        request = GenerationRequest(prompt, body.sampling_params(), adapter, uuid.uuid4().hex)
+        constraint = request_constraint(body, self.tool_call_format())
+        if constraint is not None:  # the first one builds llguidance's tokenizer (~1 s on a 150k vocabulary)
+            await asyncio.to_thread(self.engine.grammars().check, constraint.grammar, constraint.schemas)
+            request.grammar = constraint.grammar
+        return token_text, request
 
     async def complete(self, body: ChatCompletionRequest) -> tuple[dict[str, Any], dict[str, str]]:
         """The response body and headers of a non-streaming request."""
-        token_text, request = self.prepare(body)
-        result = await self.engine.generate(request)
-        return _completion(body, result, token_text, request.request_id), {CALL_ID_HEADER: request.request_id}
+        token_text, request = await self.prepare(body)
+        result = await self.close(request, await self.engine.generate(request))
+        completion = _completion(body, result, token_text, request.request_id, request.grammar)
+        return completion, {CALL_ID_HEADER: request.request_id}
+
+    async def close(self, request: GenerationRequest, result: GenerationResult, sent: list[int] | None = None) -> Any:
+        """``result`` with the samples the budget cut short in the middle of their grammar completed (``closing``)."""
+        if not needs_closing(result, request.grammar):
+            return result
+        assert request.grammar is not None
+        budget = token_budget(request, self.engine.max_model_len)
+        grammars, tokenizer = self.engine.grammars(), self.engine.tokenizer
+        return await asyncio.to_thread(close_result, result, request.grammar, budget, grammars, tokenizer, sent)
 
     def router(self) -> APIRouter:
         router = APIRouter()
@@ -54,15 +84,13 @@ class ChatCompletions:
             if not body.stream:
                 response, headers = await self.complete(body)
                 return JSONResponse(response, headers=headers)
-            token_text, request = self.prepare(body)
-            call_id = request.request_id
+            token_text, request = await self.prepare(body)
             events = self.engine.stream(request)
             first = await anext(aiter(events))  # errors before the first token still become proper 4xx/5xx
-            served = request.adapter or body.model
             return StreamingResponse(
-                _sse(body, events, first, self.engine, token_text, call_id, request.prompt_token_ids, served),
+                _sse(body, request, events, first, self, token_text),
                 media_type="text/event-stream",
-                headers={CALL_ID_HEADER: call_id},
+                headers={CALL_ID_HEADER: request.request_id},
             )
 
         return router
@@ -91,7 +119,7 @@ def resolve_adapter(engine: Engine, model: str, policies: set[str] | frozenset[s
 
 
 def _completion(
-    body: ChatCompletionRequest, result: GenerationResult, token_text: TokenText, call_id: str
+    body: ChatCompletionRequest, result: GenerationResult, token_text: TokenText, call_id: str, grammar: str | None
 ) -> dict[str, Any]:
     """The response body, with the null fields OpenAI's API sends (``refusal``, ``system_fingerprint``, token
     details): the openai SDK fills them in when it parses the JSON, and the in-process client hands this dict
@@ -110,6 +138,8 @@ def _completion(
             choice["logprobs"] = {"content": content, "refusal": None}
         if body.return_token_ids:
             choice["token_ids"] = sample.token_ids
+            if grammar is not None:
+                choice["closing_tokens"] = sample.closing_tokens
         choices.append(choice)
     completion_tokens = sum(len(s.token_ids) for s in result.samples)
     usage = _usage(len(result.prompt_token_ids), completion_tokens)
@@ -124,6 +154,8 @@ def _completion(
     }
     if body.return_token_ids:  # a copy: the prompt's list may be the prompt cache's own
         response["prompt_token_ids"] = list(result.prompt_token_ids)
+        if grammar is not None:
+            response["grammar"] = grammar
     return response
 
 
@@ -133,57 +165,66 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
 
 async def _sse(
     body: ChatCompletionRequest,
+    request: GenerationRequest,
     events: AsyncIterator[Any],
     first: Any,
-    engine: Engine,
+    completions: ChatCompletions,
     token_text: TokenText,
-    call_id: str,
-    prompt_ids: list[int],
-    served: str,
 ) -> AsyncIterator[str]:
-    created = int(time.time())
+    engine, call_id = completions.engine, request.request_id
     base = {
         "id": f"chatcmpl-{call_id}",
         "object": "chat.completion.chunk",
-        "created": created,
-        "model": served,  # the adapter that answers: "agent" resolves to "agent@7"
+        "created": int(time.time()),
+        "model": request.adapter or body.model,  # the adapter that answers: "agent" resolves to "agent@7"
     }
     tools = body.tools_enabled()
-    texts = [StreamedText(engine.tokenizer, body.sampling_params().stop, tools) for _ in range(body.n)]
+    texts = [StreamedText(engine.tokenizer, request.params.stop, tools) for _ in range(body.n)]
+    sent = [0] * body.n  # tokens streamed per choice
+    # a constrained choice's tokens in the last HOLD positions of its budget wait for its end: closing.py
+    held_from = token_budget(request, engine.max_model_len) - HOLD if request.grammar is not None else None
 
-    def chunk(index: int, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
-        choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs}
+    def chunk(index: int, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None, **extra: Any) -> str:
+        choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs, **extra}
         return f"data: {json.dumps({**base, 'choices': [choice]})}\n\n"
+
+    def token(index: int, token_id: int, logprob: float, top: list[tuple[int, float]]) -> str:
+        sent[index] += 1
+        delta = texts[index].push(token_id)
+        entries = logprob_content([token_id], [logprob], [top], token_text) if body.logprobs else None
+        return chunk(index, {"content": delta}, None, {"content": entries} if entries is not None else None)
 
     for i in range(body.n):
         opening = chunk(i, {"role": "assistant", "content": ""})
-        if body.return_token_ids:  # vLLM puts the prompt ids on the first chunk
-            opening = opening.replace('"choices"', f'"prompt_token_ids": {json.dumps(prompt_ids)}, "choices"', 1)
+        if body.return_token_ids:  # vLLM puts the prompt ids on the first chunk; the grammar goes beside them
+            ids: dict[str, Any] = {"prompt_token_ids": list(request.prompt_token_ids)}
+            if request.grammar is not None:
+                ids["grammar"] = request.grammar
+            opening = opening.replace('"choices"', json.dumps(ids)[1:-1] + ', "choices"', 1)
         yield opening
     event = first
     try:
         while True:
             if isinstance(event, FinishedEvent):
-                for sample in event.result.samples:
+                result = await completions.close(request, event.result, sent)
+                for sample in result.samples:
+                    for j in range(sent[sample.index], len(sample.token_ids)):  # held back, or the closing
+                        yield token(sample.index, sample.token_ids[j], sample.logprobs[j], sample.top_logprobs[j])
                     message, finish = assistant_message(sample, tools)
                     rest = texts[sample.index].rest(message.get("content"))
                     if rest:
                         yield chunk(sample.index, {"content": rest})
                     for k, call in enumerate(message.get("tool_calls", [])):
                         yield chunk(sample.index, {"tool_calls": [{"index": k, **call}]})
-                    yield chunk(sample.index, {}, finish)
+                    closing = request.grammar is not None and body.return_token_ids
+                    extra = {"closing_tokens": sample.closing_tokens} if closing else {}
+                    yield chunk(sample.index, {}, finish, **extra)
                 if body.stream_options and body.stream_options.include_usage:
-                    result = event.result
                     usage = _usage(len(result.prompt_token_ids), sum(len(s.token_ids) for s in result.samples))
                     yield f"data: {json.dumps({**base, 'choices': [], 'usage': usage})}\n\n"
                 break
-            delta = texts[event.index].push(event.token_id)
-            logprobs = None
-            if body.logprobs:
-                logprobs = {
-                    "content": logprob_content([event.token_id], [event.logprob], [event.top_logprobs], token_text)
-                }
-            yield chunk(event.index, {"content": delta}, None, logprobs)
+            if held_from is None or sent[event.index] < held_from:
+                yield token(event.index, event.token_id, event.logprob, event.top_logprobs)
             event = await anext(events)
     except Exception as exc:
         log.exception("streaming call %s failed", call_id)

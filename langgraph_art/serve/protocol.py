@@ -1,7 +1,8 @@
 """The OpenAI chat-completions wire format: request validation and response shapes (pydantic, no fastapi).
 
 Fields we cannot honour without changing what the sampled logprobs mean (penalties, logit_bias) are refused
-with a 400 naming the field instead of being silently ignored.
+with a 400 naming the field instead of being silently ignored. ``response_format`` (JSON schema, JSON object) and
+``tool_choice`` ("required", a named function) are enforced by constrained decoding (``structured.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from langgraph_art.errors import RequestError
 from langgraph_art.serve.engines.base import SamplingParams
+from langgraph_art.serve.structured import response_schema
 
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
@@ -101,6 +103,7 @@ class ChatCompletionRequest(_Lenient):
     messages: list[ChatMessage] = Field(min_length=1)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     n: int = 1
     temperature: float | None = None
     top_p: float | None = None
@@ -126,11 +129,11 @@ class ChatCompletionRequest(_Lenient):
                 raise RequestError(f"{name} is not supported (it would change what the logprobs mean); omit it", name)
         if self.logit_bias:
             raise RequestError("logit_bias is not supported; omit it", "logit_bias")
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
+        structured = response_schema(self.response_format) is not None  # a malformed one is a 400 here
+        forced = self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
+        if self.ignore_eos and (structured or forced):
             raise RequestError(
-                "response_format other than 'text' is not supported; for structured output use tools "
-                "(LangChain: with_structured_output(..., method='function_calling'))",
-                "response_format",
+                "ignore_eos cannot be combined with structured output or a forced tool call", "ignore_eos"
             )
         if self.ignore_eos and self.max_tokens is None and self.max_completion_tokens is None:
             raise RequestError("ignore_eos needs max_tokens (it would sample to the end of the context)", "ignore_eos")

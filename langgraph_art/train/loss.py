@@ -14,6 +14,11 @@ that are trained on and 0 elsewhere (prompt, tool results, padding, untrainable 
 
 The importance ratio is against the sampler's logprobs (the ones returned with each token), so drift between the
 inference engine and the trainer is corrected as well as policy change within a step.
+
+Tokens sampled under a grammar (structured output, forced tool calls) were drawn from the policy renormalised over
+the tokens the grammar allowed. ``GrammarMasks`` says where and what; with it the logprobs are taken under the same
+masked distribution (``mask_logprobs=True``), so the ratio starts at 1 and a forced token (one allowed) has logprob
+0 and no gradient. Either way ``log_mass`` reports the log of the probability the policy put inside the mask.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from typing import Literal
 
 import torch
 import torch.utils.checkpoint
+
+from langgraph_art.models.grammar import unpack
 
 LossType = Literal["grpo", "dr_grpo", "bnpo", "cispo", "gspo"]
 
@@ -109,6 +116,26 @@ def policy_loss(
     return loss, stats
 
 
+@dataclass(frozen=True)
+class GrammarMasks:
+    """The micro-batch's tokens sampled under a grammar: target ``rows`` and ``cols`` [N] (column t is ``targets[:,
+    t]``) and the tokens the grammar allowed there, ``packed`` [N, W] int32 (``models.grammar``'s layout)."""
+
+    rows: torch.Tensor
+    cols: torch.Tensor
+    packed: torch.Tensor
+
+    def dense(self, start: int, end: int, batch: int, vocab: int) -> torch.Tensor | None:
+        """Allowed tokens of target columns ``start .. end-1``: [B, end-start, V] bool, all True where no grammar
+        applies; None when none applies in that range."""
+        inside = (self.cols >= start) & (self.cols < end)
+        if not bool(inside.any()):
+            return None
+        allowed = torch.ones((batch, end - start, vocab), dtype=torch.bool, device=self.packed.device)
+        allowed[self.rows[inside], self.cols[inside] - start] = unpack(self.packed[inside], vocab)
+        return allowed
+
+
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
     """log p(target) under ``log_softmax(logits / T)`` — the distribution the sampler drew from.
 
@@ -118,15 +145,35 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: tor
 
 
 def token_logprobs_and_entropy(
-    logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Both from one ``log_softmax``: logprobs of the targets [B, T] (with grad) and the entropy [B, T] (detached)."""
-    scaled = logits.float() / temperature.clamp(min=1e-6).view(-1, 1, 1)
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: torch.Tensor,
+    allowed: torch.Tensor | None = None,
+    mask_logprobs: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Logprobs of the targets [B, T] (with grad), the entropy [B, T] (detached) and ``log_mass`` [B, T] (detached).
+
+    allowed: [B, T, V] bool, the tokens a grammar allowed at each position (None: no grammar anywhere). With
+    ``mask_logprobs`` the logprobs and entropy are of ``log_softmax`` over the allowed tokens only (what the sampler
+    drew from); without, of the whole vocabulary. ``log_mass``: log of the probability the policy puts on the allowed
+    tokens (0 where everything is allowed), ``full - masked`` logprob of the target.
+    """
+    scaled = logits.float() / temperature.clamp(min=1e-6).view(-1, 1, 1)  # [B, T, V]
     logp = torch.log_softmax(scaled, dim=-1)  # [B, T, V]
     chosen = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    if allowed is None:
+        with torch.no_grad():
+            ent = -(logp.exp() * logp).sum(-1)
+        return chosen, ent, torch.zeros_like(chosen.detach())
+    masked_logp = torch.log_softmax(scaled.masked_fill(~allowed, float("-inf")), dim=-1)  # [B, T, V]
+    masked_chosen = masked_logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     with torch.no_grad():
-        ent = -(logp.exp() * logp).sum(-1)
-    return chosen, ent
+        log_mass = chosen - masked_chosen
+        if mask_logprobs:  # 0 * -inf is nan: the tokens outside the mask add nothing
+            ent = -torch.where(allowed, masked_logp.exp() * masked_logp, 0.0).sum(-1)
+        else:
+            ent = -(logp.exp() * logp).sum(-1)
+    return (masked_chosen if mask_logprobs else chosen), ent, log_mass
 
 
 def entropy(logits: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
@@ -149,31 +196,35 @@ def chunked_logprobs_and_entropy(
     targets: torch.Tensor,
     temperature: torch.Tensor,
     chunk: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    masks: GrammarMasks | None = None,
+    mask_logprobs: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``token_logprobs_and_entropy(head(hidden), ...)`` without ever building the whole [B, T, V] logits.
 
     hidden: [B, T, H] final hidden states (position t predicts targets[:, t]); head: hidden -> logits (the LM
-    head); targets: [B, T]; temperature: [B] -> logprobs [B, T] (with grad), entropy [B, T] (detached).
+    head); targets: [B, T]; temperature: [B]; masks: where a grammar constrained the targets -> logprobs [B, T]
+    (with grad), entropy [B, T] and log_mass [B, T] (detached).
 
     The tokens go through the head ``chunk`` at a time; under autograd each chunk is checkpointed, so its logits are
     freed after the forward and recomputed in backward: peak memory is one chunk's logits, not the sequence's.
     With one chunk (short sequences) it is the plain computation, no recompute.
     """
-    width = hidden.shape[1]
+    rows, width = targets.shape
+
+    def one(h: torch.Tensor, t: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        logits = head(h)  # [B, c, V]
+        allowed = masks.dense(start, start + t.shape[1], rows, logits.shape[-1]) if masks is not None else None
+        return token_logprobs_and_entropy(logits, t, temperature, allowed, mask_logprobs)
+
     if width <= chunk:
-        return token_logprobs_and_entropy(head(hidden), targets, temperature)
-
-    def one(h: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return token_logprobs_and_entropy(head(h), t, temperature)
-
+        return one(hidden, targets, 0)
     grad = torch.is_grad_enabled()
-    logprobs, entropies = [], []
+    parts = []
     for start in range(0, width, chunk):
         h, t = hidden[:, start : start + chunk], targets[:, start : start + chunk]
         if grad:
-            lp, ent = torch.utils.checkpoint.checkpoint(one, h, t, use_reentrant=False)
+            parts.append(torch.utils.checkpoint.checkpoint(one, h, t, start, use_reentrant=False))
         else:
-            lp, ent = one(h, t)
-        logprobs.append(lp)
-        entropies.append(ent)
-    return torch.cat(logprobs, 1), torch.cat(entropies, 1)
+            parts.append(one(h, t, start))
+    logprobs, entropies, masses = zip(*parts, strict=True)
+    return torch.cat(logprobs, 1), torch.cat(entropies, 1), torch.cat(masses, 1)

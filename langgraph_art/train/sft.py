@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from langgraph_art.errors import TrainingAborted
 from langgraph_art.train.advantages import Advantages
 from langgraph_art.train.loss import masked_mean, token_logprobs
 from langgraph_art.train.tokenize import TrainSequence, build_sequences
@@ -80,3 +81,23 @@ def sft_loss(model: Any, batch: list[TrainSequence], pad: int, device: Any) -> t
     logits = model(input_ids=ids).logits[:, :-1]  # [B, T-1, V]; right padding needs no mask (trainer._tensors)
     logprobs = token_logprobs(logits, ids[:, 1:], torch.ones(len(batch), device=device))  # [B, T-1]
     return -masked_mean(logprobs, mask[:, 1:]), int(mask[:, 1:].sum())
+
+
+def sft_steps(trainer: Any, sequences: list[TrainSequence], steps: int, learning_rate: float) -> list[float]:
+    """``steps`` updates of ``trainer``'s LoRA (a ``GRPOTrainer`` in training mode), each on the next
+    ``per_device_train_batch_size`` sequences (cycling), with its own AdamW so the RL optimizer's moments are not
+    disturbed; the loss of each step."""
+    optimizer = torch.optim.AdamW(trainer.trainable_parameters(), lr=learning_rate)
+    size, losses = trainer.config.per_device_train_batch_size, []
+    for index in range(steps):
+        start = (index * size) % len(sequences)
+        batch = (sequences + sequences)[start : start + size]
+        loss, _ = sft_loss(trainer.model, batch, trainer.tokenizer.pad_token_id, trainer.device)
+        if not torch.isfinite(loss):
+            raise TrainingAborted(f"SFT step {index + 1}: non-finite loss; lower the learning rate")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainer.trainable_parameters(), trainer.config.max_grad_norm)
+        optimizer.step()
+        losses.append(loss.item())
+    return losses

@@ -7,6 +7,10 @@ sequence (an agent loop: the next call sees the previous answer plus tool result
 so a multi-turn conversation trains as one; a turn that does not continue a sequence starts its own (several
 agents give one sequence each). Sequences longer than ``max_length`` are cut at ``max_length``, with a warning
 and a count: the cut tokens are not trained on.
+
+A turn sampled under a grammar (structured output, a forced tool call) is noted in ``TrainSequence.grammars`` with
+where its tokens start, so the trainer can rebuild the masks it was sampled under; the tokens the server appended to
+close a structure (``Turn.closing_tokens``) stay in the sequence as context but are not trained on.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ class TrainSequence:
     temperature: float
     trajectory_id: str
     turns: int = 1
+    grammars: list[tuple[int, int, str]] = field(default_factory=list)  # a constrained turn: (start, tokens, grammar)
+    allowed: list[tuple[int, Any]] = field(default_factory=list)  # the trainer's replay: (index, packed masks [n, W])
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -100,8 +106,11 @@ def build_sequences(
                 target = TrainSequence([], [], [], [], temperature, trajectory.id, turns=0)
                 open_sequences.append(target)
             context = prompt[len(target) :]
+            if turn.grammar is not None:
+                target.grammars.append((len(target) + len(context), len(turn.token_ids), turn.grammar))
+            sampled = len(turn.token_ids) - min(turn.closing_tokens, len(turn.token_ids))
             target.input_ids += context + turn.token_ids
-            target.mask += [0] * len(context) + [1] * len(turn.token_ids)
+            target.mask += [0] * len(context) + [1] * sampled + [0] * (len(turn.token_ids) - sampled)
             target.old_logprobs += [0.0] * len(context) + list(turn.logprobs)
             target.advantages += [0.0] * len(context) + [advantage] * len(turn.token_ids)
             target.turns += 1

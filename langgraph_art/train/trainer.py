@@ -46,7 +46,9 @@ from langgraph_art.train.batches import (
     micro_batches,
     shared_prefix,
 )
+from langgraph_art.train.constrained import batch_grammar_masks, grammar_mass, replay_grammars
 from langgraph_art.train.loss import (
+    GrammarMasks,
     chunk_tokens,
     chunked_logprobs_and_entropy,
     policy_loss,
@@ -131,6 +133,7 @@ class GRPOTrainer:
             self._params, lr=self.config.learning_rate, weight_decay=self.config.weight_decay, foreach=True
         )
         self.step_count = 0
+        self._grammars: Any = None
         self._resume()
 
     def adapter(self) -> Any:
@@ -193,6 +196,7 @@ class GRPOTrainer:
         sequences = build_sequences(
             runs, advantages, self.tokenizer, nodes=cfg.trainable_nodes, max_length=cfg.max_length, report=report
         )
+        mismatched = replay_grammars(sequences, self.grammars()) if any(s.grammars for s in sequences) else 0
         if not sequences:
             return StepResult(
                 self.step_count,
@@ -204,7 +208,8 @@ class GRPOTrainer:
 
         batches = micro_batches(sequences, cfg.per_device_train_batch_size)
         total_tokens = sum(sum(s.mask) for s in sequences)
-        keys = ("loss", "entropy", "kl", "clip_fraction", "ratio_mean", "sampler_logprob_gap")
+        keys = ["loss", "entropy", "kl", "clip_fraction", "ratio_mean", "sampler_logprob_gap"]
+        keys += ["grammar/tokens", "grammar/mass"]  # summed: trained tokens under a grammar, the policy's mass inside
         sums, last = dict.fromkeys(keys, 0.0), dict.fromkeys(keys, 0.0)
         # num_iterations (TRL's, GRPO's mu) passes over the same runs, one update each: from the second pass on the
         # ratio to the sampler's logprobs moves away from 1 and the clip keeps the policy near the one that sampled
@@ -225,6 +230,7 @@ class GRPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.step_count += 1
         seconds = time.perf_counter() - started
+        constrained, mass = sums.pop("grammar/tokens"), sums.pop("grammar/mass")
         metrics = {
             **{f"train/{k}": v for k, v in sums.items()},  # the first pass: before this step's update
             **{  # the passes after the first (none with num_iterations=1)
@@ -240,6 +246,9 @@ class GRPOTrainer:
             "train/truncated_tokens": float(report.truncated_tokens),
         }
         metrics.update({f"train/skipped/{k}": float(v) for k, v in report.skipped.items()})
+        if constrained:  # structured output: how much of the policy's probability its grammars kept (1: all)
+            metrics.update({"train/grammar/tokens": constrained, "train/grammar/mass": mass / constrained})
+            metrics["train/grammar/mismatched_turns"] = float(mismatched)
         return StepResult(self.step_count, True, metrics, report.skipped, advantages=dict(advantages.by_trajectory))
 
     def _backward(
@@ -250,8 +259,9 @@ class GRPOTrainer:
         ids, mask, old, adv, temp = batch_tensors(batch, self.tokenizer.pad_token_id, self.device)
         first = first_trained_position(batch)  # nothing before it is trained: no logits needed there
         targets, mask, old, adv = ids[:, first:], mask[:, first:], old[:, first:], adv[:, first:]
-        logprobs, token_entropy = self._token_logprobs(ids, first, targets, temp)  # [B, T-first] each
-        ref = self._reference_logprobs(ids, first, targets, temp) if cfg.beta else None
+        masks = batch_grammar_masks(batch, first, self.device)  # where a grammar constrained the sampler
+        logprobs, token_entropy, log_mass = self._token_logprobs(ids, first, targets, temp, masks)  # [B, T-first]
+        ref = self._reference_logprobs(ids, first, targets, temp, masks) if cfg.beta else None
         loss, stats = policy_loss(
             logprobs,
             old,
@@ -285,6 +295,10 @@ class GRPOTrainer:
             ("sampler_logprob_gap", mean_gap(logprobs, old, mask)),
         ):
             sums[key] += value * share
+        if masks is not None:  # the policy's probability inside the grammar's mask, on the trained tokens under one
+            tokens, mass = grammar_mass(masks, mask, log_mass)
+            sums["grammar/tokens"] += tokens
+            sums["grammar/mass"] += mass
 
     @contextlib.contextmanager
     def _training(self) -> Iterator[None]:
@@ -311,38 +325,44 @@ class GRPOTrainer:
         Each step is one pass over ``per_device_train_batch_size`` examples (cycling). Its own AdamW, so the RL
         optimizer's moments are not disturbed.
         """
-        from langgraph_art.train.sft import sft_loss, sft_sequences
+        from langgraph_art.train.sft import sft_sequences, sft_steps
 
         sequences = sft_sequences(self.tokenizer, examples, nodes=nodes, max_length=self.config.max_length)
         if not sequences:
             raise LangGraphArtError("no SFT example has an assistant token to learn from")
-        optimizer = torch.optim.AdamW(self.trainable_parameters(), lr=learning_rate or self.config.learning_rate)
-        size, losses = self.config.per_device_train_batch_size, []
         with self._training():
-            for index in range(steps):
-                start = (index * size) % len(sequences)
-                batch = (sequences + sequences)[start : start + size]
-                loss, _ = sft_loss(self.model, batch, self.tokenizer.pad_token_id, self.device)
-                if not torch.isfinite(loss):
-                    raise TrainingAborted(f"SFT step {index + 1}: non-finite loss; lower the learning rate")
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), self.config.max_grad_norm)
-                optimizer.step()
-                losses.append(loss.item())
-        return losses
+            return sft_steps(self, sequences, steps, learning_rate or self.config.learning_rate)
+
+    def grammars(self) -> Any:
+        """llguidance over this model's tokenizer and vocabulary (``models.grammar.Grammars``), built on the first
+        step with a constrained turn, to replay the masks it was sampled under."""
+        if self._grammars is None:
+            from langgraph_art.models.grammar import Grammars
+
+            self._grammars = Grammars(self.tokenizer, vocab_size=int(self.model.config.vocab_size))
+        return self._grammars
 
     def _token_logprobs(
-        self, ids: torch.Tensor, first: int, targets: torch.Tensor, temp: torch.Tensor, share_prefix: bool = True
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logprobs (with grad) and entropy (detached) [B, T-first] of ``targets`` = ``ids[:, first:]``. The LM head
-        runs only on positions ``first-1 .. T-2`` and in chunks (``logits_chunk_size``): no [B, T, V] logits, which
-        for a 150k vocabulary and 8k tokens would be ~5 GB per sequence in float32."""
+        self,
+        ids: torch.Tensor,
+        first: int,
+        targets: torch.Tensor,
+        temp: torch.Tensor,
+        masks: GrammarMasks | None = None,
+        share_prefix: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Logprobs (with grad), entropy and log_mass (detached) [B, T-first] of ``targets`` = ``ids[:, first:]``
+        (under the grammar's mask where ``masks`` says, ``constrained_logprobs``). The LM head runs only on positions
+        ``first-1 .. T-2`` and in chunks (``logits_chunk_size``): no [B, T, V] logits, which for a 150k vocabulary
+        and 8k tokens would be ~5 GB per sequence in float32."""
+        apply = self.config.constrained_logprobs == "masked"
         if self._body is None or self._head is None:  # a model that post-processes its logits: the whole forward
-            return token_logprobs_and_entropy(self._logits(ids, first), targets, temp)
+            logits = self._logits(ids, first)  # [B, T-first, V]
+            allowed = masks.dense(0, targets.shape[1], targets.shape[0], logits.shape[-1]) if masks else None
+            return token_logprobs_and_entropy(logits, targets, temp, allowed, apply)
         hidden = self._hidden(ids, first, share_prefix)  # [B, T-first, H]: position t predicts token t+1
         chunk = chunk_tokens(ids.shape[0], self._head.out_features, self.config.logits_chunk_size)
-        return chunked_logprobs_and_entropy(hidden, self._head, targets, temp, chunk)
+        return chunked_logprobs_and_entropy(hidden, self._head, targets, temp, chunk, masks, apply)
 
     def _hidden(self, ids: torch.Tensor, first: int, share_prefix: bool = True) -> torch.Tensor:
         """The final hidden states of positions ``first-1 .. T-2`` (those predicting tokens ``first .. T-1``). No
@@ -372,9 +392,11 @@ class GRPOTrainer:
         return self.model(input_ids=ids, logits_to_keep=ids.shape[1] - first + 1).logits[:, :-1]
 
     @torch.no_grad()
-    def _reference_logprobs(self, ids: torch.Tensor, first: int, targets: torch.Tensor, temp: torch.Tensor) -> Any:
-        with self._lora.active(None):  # the base model is the KL reference
-            return self._token_logprobs(ids, first, targets, temp)[0]
+    def _reference_logprobs(
+        self, ids: torch.Tensor, first: int, targets: torch.Tensor, temp: torch.Tensor, masks: GrammarMasks | None
+    ) -> Any:
+        with self._lora.active(None):  # the base model is the KL reference, under the same masks
+            return self._token_logprobs(ids, first, targets, temp, masks)[0]
 
     # -- checkpoints -----------------------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:

@@ -59,10 +59,15 @@ class SamplingParams:
 
 @dataclass
 class GenerationRequest:
+    """``grammar``: an llguidance Lark grammar the sample must follow (``serve/structured.py`` builds it): each token
+    is sampled from the model's distribution masked to what the grammar allows, and its logprob is under that
+    masked distribution."""
+
     prompt_token_ids: list[int]
     params: SamplingParams = field(default_factory=SamplingParams)
     adapter: str | None = None
     request_id: str = ""
+    grammar: str | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,8 @@ class Sample:
 
     ``text`` is the decoded completion without special tokens, cut before a matched stop string; the ids are
     everything sampled (as vLLM reports them), so training sees exactly what the policy produced.
+    ``closing_tokens``: the last that many ids were not sampled but appended by the server to complete a structure
+    that ``max_tokens`` cut short (``serve/closing.py``; logprob 0.0 each, never trained on).
     """
 
     index: int
@@ -89,6 +96,7 @@ class Sample:
     top_logprobs: list[list[tuple[int, float]]]
     text: str
     finish_reason: FinishReason
+    closing_tokens: int = 0
 
 
 @dataclass
@@ -138,6 +146,11 @@ class Engine(Protocol):
 
     def adapters(self) -> dict[str, str]:
         """Loaded adapters: name -> folder."""
+        ...
+
+    def grammars(self) -> Any:
+        """``models.grammar.Grammars`` over this engine's tokenizer and vocabulary (built on first use): how the
+        server checks a request's grammar and closes a structure ``max_tokens`` cut short."""
         ...
 
 

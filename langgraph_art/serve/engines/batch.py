@@ -7,14 +7,20 @@ on their own (each distinct prompt once, ``prefill.py``) and appended to the run
 right-aligned with the running one (``Steps.join``), so their first token is sampled at the next step with
 everyone else's. A request therefore waits for at most one decode step and one prefill, not for a whole batch:
 agent loops, whose calls arrive staggered, keep the batch full.
+
+Rows of a request with a ``grammar`` carry an llguidance matcher: before sampling, their logits outside the
+grammar's next-token mask are set to -inf (so the token and its logprob come from the masked distribution), and
+the sampled token advances the matcher. Other rows pay nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -22,6 +28,8 @@ from langgraph_art.serve.engines import sampling
 from langgraph_art.serve.engines.base import GenerationRequest, Sample, StreamEvent, TokenEvent
 from langgraph_art.serve.engines.prefill import build_prefill
 from langgraph_art.serve.engines.steps import Steps
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -54,13 +62,22 @@ class Row:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     top: list[list[tuple[int, float]]] = field(default_factory=list)
+    matcher: Any = None  # llguidance's, for a request with a grammar
 
 
 class RunningBatch:
     """The rows decoded together. ``finish(row)`` records a row's sample when it is done and says whether it is."""
 
-    def __init__(self, steps: Steps, finish: Callable[[Row], bool], rng: torch.Generator, pad: int) -> None:
-        self.steps, self.finish, self.rng, self.pad = steps, finish, rng, pad
+    def __init__(
+        self,
+        steps: Steps,
+        finish: Callable[[Row], bool],
+        rng: torch.Generator,
+        pad: int,
+        grammars: Callable[[], Any] | None = None,
+    ) -> None:
+        """``grammars``: returns the engine's ``models.grammar.Grammars`` (built on first use), for rows with one."""
+        self.steps, self.finish, self.rng, self.pad, self.grammars = steps, finish, rng, pad, grammars
         self.rows: list[Row] = []
         self.jobs: list[Job] = []  # every job admitted, to fail the unfinished ones if a forward raises
         self.logits = self.temps = self.top_ps = torch.empty(0)  # [B, V], [B], [B] for ``rows``
@@ -78,9 +95,11 @@ class RunningBatch:
         for job in jobs:
             params = job.request.params
             job.samples = [None] * params.n
+            grammar = job.request.grammar
             for i in range(params.n):
                 gen = random.Random(params.seed + i) if params.seed is not None else None
-                rows.append(Row(job=job, index=i, generator=gen))
+                matcher = self.grammars().matcher(grammar) if grammar and self.grammars else None
+                rows.append(Row(job=job, index=i, generator=gen, matcher=matcher))
         device = self.steps.device
         batch = build_prefill([r.job.request.prompt_token_ids for r in rows], self.pad, device)
         temps = torch.tensor([r.job.request.params.temperature for r in rows], device=device)  # [B']
@@ -98,16 +117,20 @@ class RunningBatch:
     def step(self) -> None:
         """Sample one token per row, let finished rows go, and run the decode forward of the others."""
         rows = self.rows
-        logprobs = sampling.process_logits(self.logits, self.temps, self.top_ps)  # [B, V]
+        constrained = [b for b, row in enumerate(rows) if row.matcher is not None]
+        allowed = self._allowed(constrained) if constrained else None  # [B, V] bool
+        logprobs = sampling.process_logits(self.logits, self.temps, self.top_ps, allowed)  # [B, V]
         tokens = sampling.sample_tokens(logprobs, self.temps <= 0, [r.generator for r in rows], self.rng)  # [B]
         chosen = logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).tolist()  # [B]
         want_top = max(r.job.request.params.top_logprobs for r in rows)
         top_values, top_ids = sampling.top_logprobs(logprobs, want_top)  # [B, k] each
         token_list = tokens.tolist()
+        for b in constrained:
+            rows[b].matcher.consume_token(token_list[b])
         keep: list[int] = []
         for b, row in enumerate(rows):
             k = row.job.request.params.top_logprobs
-            top = list(zip(top_ids[b, :k].tolist(), top_values[b, :k].tolist(), strict=True)) if k else []
+            top = sampling.finite_top(top_ids[b, :k].tolist(), top_values[b, :k].tolist()) if k else []
             row.token_ids.append(token_list[b])
             row.logprobs.append(chosen[b])
             row.top.append(top)
@@ -124,6 +147,19 @@ class RunningBatch:
             tokens, self.temps, self.top_ps = tokens[index], self.temps[index], self.top_ps[index]
             self.rows = [rows[b] for b in keep]
         self.logits = self.steps.decode(tokens)
+
+    def _allowed(self, constrained: list[int]) -> torch.Tensor:
+        """Which tokens each row may sample next [B, V]: everything, except in the rows ``constrained``, whose grammar
+        decides. A matcher that allows nothing (an error it cannot leave) is logged and may only end its row."""
+        grammars = self.grammars() if self.grammars else None
+        assert grammars is not None, "rows with a grammar need the engine's grammars"
+        masks = grammars.allowed([self.rows[b].matcher for b in constrained]).to(self.logits.device)  # [C, V]
+        for c in (~masks.any(-1)).nonzero().flatten().tolist():
+            log.error("grammar matcher stuck, ending the row: %s", self.rows[constrained[c]].matcher.get_error())
+            masks[c, grammars.eos] = True
+        allowed = torch.ones(self.logits.shape, dtype=torch.bool, device=self.logits.device)
+        allowed[torch.tensor(constrained, device=allowed.device)] = masks
+        return allowed
 
     def fail(self, error: BaseException) -> None:
         """Hand ``error`` to every admitted job that has not finished."""

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from langgraph_art.errors import ConfigError, EngineNotReadyError, ModelNotFoundError
+from langgraph_art.models.grammar import Grammars
 from langgraph_art.models.loading import (
     LARGE_MODEL_BYTES,
     cache_argument,
@@ -111,6 +112,8 @@ class HFEngine:
         self._fast: FastLM | None = None
         self._tokenizer: Any = None
         self._adapters: AdapterSet = AdapterSet(None)
+        self._grammars: Grammars | None = None
+        self._grammars_lock = threading.Lock()
         self._worker: threading.Thread | None = None
         self._closed = False
         self._ready = False
@@ -154,6 +157,13 @@ class HFEngine:
             self._adapters = AdapterSet(self._lm, lora=self._lora, prepare_fast=prepare)
         else:
             self._adapters = AdapterSet(self._lm, merge=self._merge_adapters is not False)
+
+    def grammars(self) -> Grammars:
+        """llguidance over this model's tokenizer and vocabulary, built on the first request with a grammar."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                self._grammars = Grammars(self.tokenizer, vocab_size=int(self._lm.config.vocab_size))
+            return self._grammars
 
     @property
     def shared_base(self) -> SharedBase | None:
@@ -227,6 +237,8 @@ class HFEngine:
             streaming=streaming,
         )
         request.request_id = request.request_id or uuid.uuid4().hex
+        if request.grammar is not None:  # compiled (and cached) here: a grammar that does not compile is a 400
+            await asyncio.to_thread(self.grammars().check, request.grammar)
         self._work_queue.put(job)
         try:
             while True:
@@ -296,7 +308,7 @@ class HFEngine:
                     steps: Steps = FastSteps(self._fast, max(job.max_new for job in jobs), policy.fast_lora)
                 else:
                     steps = HFSteps(policy.model, self._cache_kwarg)
-                batch = RunningBatch(steps, self._finish_if_done, self._rng, self._pad)
+                batch = RunningBatch(steps, self._finish_if_done, self._rng, self._pad, self.grammars)
                 batch.admit(jobs)
                 while batch.rows:
                     work.last_batch_rows = max(work.last_batch_rows, batch.size)

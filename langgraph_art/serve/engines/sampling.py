@@ -1,8 +1,9 @@
 """Pure sampling math for the HF engine (torch). Shapes: B = rows in the batch, V = vocabulary size.
 
-The logprob reported for a token is taken under the distribution it was sampled from: logits divided by the
-row's temperature, top-p mask applied (masked tokens at -inf), then ``log_softmax``. For greedy rows
-(temperature 0) it is the raw ``log_softmax(logits)``, as vLLM reports it.
+The logprob reported for a token is taken under the distribution it was sampled from: logits outside a row's
+grammar mask at -inf, divided by the row's temperature, top-p mask applied (masked tokens at -inf), then
+``log_softmax``. For greedy rows (temperature 0) it is the raw (grammar-masked) ``log_softmax(logits)``, as vLLM
+reports it.
 """
 
 from __future__ import annotations
@@ -13,15 +14,20 @@ from typing import Any
 import torch
 
 
-def process_logits(logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+def process_logits(
+    logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, allowed: torch.Tensor | None = None
+) -> torch.Tensor:
     """Log-probabilities of the sampling distribution of each row.
 
-    logits: [B, V] float; temperature: [B] (0 = greedy); top_p: [B] in (0, 1]. Returns [B, V] float32.
+    logits: [B, V] float; temperature: [B] (0 = greedy); top_p: [B] in (0, 1]; allowed: [B, V] bool, the tokens a
+    grammar lets each row sample (None: all), the others at -inf before anything else. Returns [B, V] float32.
     """
-    logits = logits.float()
     greedy = temperature <= 0
     scale = torch.where(greedy, torch.ones_like(temperature), temperature).unsqueeze(-1)  # [B, 1]
-    logprobs = torch.log_softmax(logits / scale, dim=-1)  # [B, V]
+    scaled = logits.float() / scale  # [B, V], a new tensor
+    if allowed is not None:
+        scaled.masked_fill_(~allowed, float("-inf"))
+    logprobs = torch.log_softmax(scaled, dim=-1)  # [B, V]
     needs_top_p = (top_p < 1.0) & ~greedy
     if bool(needs_top_p.any()):
         logprobs = _apply_top_p(logprobs, top_p, needs_top_p)
@@ -64,6 +70,12 @@ def sample_tokens(
     if not bool(greedy.any()):
         return tokens
     return torch.where(greedy, logprobs.argmax(dim=-1), tokens)
+
+
+def finite_top(ids: list[int], values: list[float]) -> list[tuple[int, float]]:
+    """One row's top-k as (id, logprob) pairs without the tokens the sampler could not pick (-inf: outside top-p or
+    the grammar), which JSON cannot carry anyway."""
+    return [(i, v) for i, v in zip(ids, values, strict=True) if v != float("-inf")]
 
 
 def top_logprobs(logprobs: torch.Tensor, k: int) -> tuple[Any, Any]:

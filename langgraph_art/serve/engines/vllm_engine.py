@@ -16,6 +16,9 @@ What it guarantees, each a trap of vLLM with a test in ``tests/test_engine_confo
 - every checkpoint gets a fresh LoRA id and a unique LoRA name: vLLM reads an adapter from disk only for a new id
   (a reused id silently keeps serving the old weights) and keys its prefix cache by name. An adapter replaced or
   unloaded is removed from vLLM once no request that started on it is still running;
+- a request's grammar goes to vLLM's ``guidance`` backend (llguidance, the library ``HFEngine`` masks with) as the
+  same Lark text, so both engines sample structured output and forced tool calls under the same masks; the
+  bitmask is applied to the logits before the sampler, so ``processed_logprobs`` are of the masked distribution;
 - adapter paths are absolute (a relative path vLLM cannot find is taken as a hub id to download), and what vLLM
   refuses -- DoRA, ``modules_to_save``, ``lm_head``/embedding LoRA, a rank above ``max_lora_rank`` -- is refused up
   front with an ``AdapterError`` that says what to change; the engine keeps serving.
@@ -125,6 +128,7 @@ class VLLMEngine:
         self._running: Counter[int] = Counter()  # LoRA id -> requests in flight on it
         self._retired: set[int] = set()  # ids replaced or unloaded, removed from vLLM once idle
         self._lock = asyncio.Lock()
+        self._grammars: Any = None
         self.can_sleep = False
         self._asleep = False
         self._closed = False
@@ -160,6 +164,7 @@ class VLLMEngine:
             "max_cpu_loras": max(opts["max_loras"], 8),
             "logprobs_mode": "processed_logprobs",
             "generation_config": "vllm",  # no sampling defaults from the checkpoint's generation_config.json
+            "structured_outputs_config": {"backend": "guidance"},  # the grammars HFEngine takes, the same masks
             "tensor_parallel_size": opts["tensor_parallel_size"],
             "data_parallel_size": opts["data_parallel_size"],
             "enable_sleep_mode": sleep,
@@ -189,6 +194,22 @@ class VLLMEngine:
         self._llm = await asyncio.to_thread(_start_vllm, args)
         self.max_model_len = int(self._llm.model_config.max_model_len)
         self.can_sleep = bool(args["enable_sleep_mode"])
+
+    def grammars(self) -> Any:
+        """llguidance over this model's tokenizer, as vLLM's guidance backend builds it (``models.grammar.Grammars``):
+        the server checks and closes grammars with it, the trainer replays them."""
+        if self._grammars is None:
+            from langgraph_art.models.grammar import Grammars
+
+            vocab = self._vocab_size()
+            self._grammars = Grammars(self.tokenizer, vocab_size=vocab)
+        return self._grammars
+
+    def _vocab_size(self) -> int:
+        """The logits' width vLLM masks (its guidance backend: the larger of the model's and the tokenizer's)."""
+        if self._llm is None:
+            raise EngineNotReadyError("the engine is still loading its model")
+        return max(int(self._llm.model_config.get_vocab_size()), len(self.tokenizer))
 
     async def close(self) -> None:
         self._closed = True
@@ -220,6 +241,8 @@ class VLLMEngine:
         lora = self._loras.get(request.adapter) if request.adapter is not None else None
         if request.adapter is not None and lora is None:
             raise ModelNotFoundError(f"adapter {request.adapter!r} is not loaded; loaded: {sorted(self._loras)}")
+        if request.grammar is not None:  # checked here, as HFEngine does: a grammar that does not compile is a 400
+            await asyncio.to_thread(self.grammars().check, request.grammar)
         params = self._sampling_params(request, RequestOutputKind.DELTA if streaming else RequestOutputKind.FINAL_ONLY)
         request.request_id = request.request_id or uuid.uuid4().hex
         lora_id = lora.request.lora_int_id if lora is not None else 0
@@ -258,8 +281,10 @@ class VLLMEngine:
 
     def _sampling_params(self, request: GenerationRequest, kind: Any) -> Any:
         from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
 
         p = request.params
+        grammar = StructuredOutputsParams(grammar=request.grammar) if request.grammar is not None else None
         return VLLMSamplingParams(  # every field we rely on set explicitly, nothing left to vLLM or the checkpoint
             n=1 if p.temperature == 0 else p.n,
             temperature=p.temperature,
@@ -278,6 +303,7 @@ class VLLMEngine:
             logprobs=p.top_logprobs,  # the sampled token's logprob always comes back, plus this many top ones
             skip_special_tokens=True,
             output_kind=kind,
+            structured_outputs=grammar,
         )
 
     def _sample(
@@ -394,7 +420,8 @@ def _top(entry: dict[int, Any], k: int) -> list[tuple[int, float]]:
     if not k:
         return []
     ranked = sorted(entry.items(), key=lambda item: item[1].rank)
-    return [(int(token_id), float(value.logprob)) for token_id, value in ranked[:k]]
+    finite = [(int(i), float(value.logprob)) for i, value in ranked if value.logprob != float("-inf")]  # not masked
+    return finite[:k]
 
 
 def _load_tokenizer(path: str) -> tuple[Any, list[int]]:
