@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import BaseModel
 
 torch = pytest.importorskip("torch")
 
@@ -336,3 +337,90 @@ def test_tool_calls_through_the_app(server: Any) -> None:
         assert all("token_id" in entry for entry in choice["logprobs"]["content"])
     streamed = httpx.post(f"{server.base_url}/chat/completions", json={**body, "stream": True, "n": 1}, timeout=60)
     assert streamed.status_code == 200 and '"tool_calls"' in streamed.text and streamed.text.rstrip().endswith("[DONE]")
+
+
+# -- structured output ------------------------------------------------------------------------------------------
+ROUTE = {
+    "type": "object",
+    "properties": {"destination": {"enum": ["weather", "math", "chat"]}, "note": {"type": "string"}},
+    "required": ["destination", "note"],
+}
+
+
+def route_grammar(server: Any) -> str:
+    from langgraph_art.serve.protocol import ChatCompletionRequest
+    from langgraph_art.serve.structured import ToolCallFormat, request_constraint
+
+    body = ChatCompletionRequest(
+        model="tiny-128",
+        messages=[{"role": "user", "content": "x"}],
+        response_format={"type": "json_schema", "json_schema": {"name": "Route", "schema": ROUTE}},
+    )
+    constraint = request_constraint(body, ToolCallFormat.probe(server.engine.tokenizer))
+    assert constraint is not None
+    return constraint.grammar
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_a_grammar_masks_the_sampler_and_the_logprobs_are_of_the_masked_distribution(
+    server: Any, reference: Any, temperature: float
+) -> None:
+    """What the trainer replays (``Grammars.replay``) is what the engine sampled under: every token allowed, and the
+    reported logprobs equal ``log_softmax`` over the allowed tokens of the trainer's own forward pass."""
+    from langgraph_art.models.grammar import unpack
+    from langgraph_art.train.loss import token_logprobs_and_entropy
+
+    ids, grammar = prompt(server, "route this: the weather in paris"), route_grammar(server)
+    request = GenerationRequest(ids, SamplingParams(temperature=temperature, max_tokens=40, n=4, seed=5))
+    request.grammar = grammar
+    result: GenerationResult = server.run(server.engine.generate(request))
+    grammars = server.engine.grammars()
+    for sample in result.samples:
+        packed = grammars.replay(grammar, sample.token_ids)
+        assert packed is not None, server.engine.tokenizer.decode(sample.token_ids)
+        with torch.no_grad():
+            logits = reference(torch.tensor([ids + sample.token_ids])).logits[:, len(ids) - 1 : -1]
+        allowed = unpack(packed, grammars.vocab_size)[None, :, : logits.shape[-1]]
+        targets, t = torch.tensor([sample.token_ids]), torch.tensor([temperature])
+        want = token_logprobs_and_entropy(logits, targets, t, allowed)[0][0].tolist()
+        assert max_gap(want, sample.logprobs) < 1e-4
+        assert sample.logprobs[0] == pytest.approx(0.0, abs=1e-5)  # '{"destination": "' is forced
+
+
+def test_a_grammar_that_does_not_compile_is_a_request_error(server: Any) -> None:
+    from langgraph_art.errors import RequestError
+
+    request = GenerationRequest(prompt(server), SamplingParams(max_tokens=4))
+    request.grammar = "start: nowhere\n"
+    with pytest.raises(RequestError, match="does not compile"):
+        server.run(server.engine.generate(request))
+
+
+class Joke(BaseModel):
+    setup: str
+    punchline: str
+
+
+@pytest.mark.parametrize("method", [None, "json_schema", "json_mode", "function_calling"])
+def test_every_with_structured_output_method_returns_a_valid_instance(server: Any, method: str | None) -> None:
+    """LangChain's default method and the three named ones, sync, streamed and async, with a pydantic class, a
+    TypedDict-like JSON schema and an enum: on the random model only the grammar can make these valid."""
+    from typing import Literal
+
+    from langgraph_art.capture.chat_model import ChatART
+
+    class Route(BaseModel):
+        destination: Literal["weather", "math", "chat"]
+
+    llm = ChatART(model="tiny-128", base_url=server.base_url, max_tokens=48, max_retries=0, temperature=1.0)
+    kwargs = {} if method is None else {"method": method}
+    for schema, valid in (
+        (Joke, lambda r: isinstance(r, Joke)),
+        (Joke.model_json_schema(), lambda r: set(r) == {"setup", "punchline"}),
+        (Route, lambda r: isinstance(r, Route)),
+    ):
+        chat = llm.with_structured_output(schema, **kwargs)
+        assert valid(chat.invoke("Tell me a joke about cats."))
+        *_, last = chat.stream("Tell me a joke about cats.")
+        assert valid(last)
+        assert valid(server.run(chat.ainvoke("Tell me a joke about cats.")))

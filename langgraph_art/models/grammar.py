@@ -21,10 +21,9 @@ import torch
 
 from langgraph_art.errors import RequestError
 
-# what ``closing_path`` tries first, when the grammar allows it: one-character closers (a '"' opens a string where a
-# value is due and closes it next), then the shortest values. Not '"}' and the like: where a value is due they open a
-# string with text in it instead of closing anything.
-CLOSERS = ('"', "}", "]", "0", "null", "false", "true")
+# what ``closing_path`` tries where a JSON value is due: the shortest whole values first, then what opens one
+VALUES = (' ""', '""', " 0", "0", " []", "[]", " {}", "{}", " null", "null", " false", "false", " true", "true")
+OPENERS = (' "', '"', " [", "[", " {", "{")
 MAX_BACKTRACK = 512  # tokens ``close`` may give back to fit a closing into the budget
 _BITS = torch.arange(32, dtype=torch.int32)
 
@@ -45,8 +44,7 @@ class Grammars:
         self._compiled: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._size = cache_size
         self._lock = threading.Lock()
-        single = ((text, self.tokenizer.tokenize_str(text)) for text in CLOSERS)
-        self._closers = [ids[0] for text, ids in single if len(ids) == 1]
+        self._prefer = _closing_tokens(self.tokenizer)
 
     # -- compiling ---------------------------------------------------------------------------------------------
     def check(self, grammar: str, schemas: Sequence[tuple[str, dict[str, Any]]] = ()) -> None:
@@ -112,16 +110,18 @@ class Grammars:
         for keep in range(kept, max(-1, kept - MAX_BACKTRACK - 1), -1):
             if keep < kept and not matcher.rollback(1):
                 return None
-            path = self.closing_path(matcher, budget - keep)
+            path = self.closing_path(matcher, budget - keep, self.tokenizer.decode_str(list(token_ids[:keep])))
             if path is not None:
                 return keep, path
         return None
 
-    def closing_path(self, matcher: Any, limit: int) -> list[int] | None:
-        """Tokens that take ``matcher`` (left as it is) to the end of its grammar, EOS last, in at most ``limit``
-        tokens, or None. Greedy: EOS as soon as the grammar accepts, forced tokens as they come, else an allowed
-        closer after which the grammar accepts, else the first allowed of ``CLOSERS`` (a '}' where an object may end
-        but a '"' inside a string, where '}' is text), else the lowest allowed token."""
+    def closing_path(self, matcher: Any, limit: int, text: str = "") -> list[int] | None:
+        """Tokens that take ``matcher`` (left as it is; ``text`` is what it has read so far) to the end of its
+        grammar, EOS last, in at most ``limit`` tokens, or None. Greedy, JSON-aware: EOS as soon as the grammar
+        accepts, forced tokens as they come; else, of the tokens the grammar allows, the one that does most where the
+        text stands (``json_context``): inside a string the quote that ends it (with as many closing brackets as one
+        token holds), where a value is due the shortest whole value, after a value the longest run of closing
+        brackets; else the lowest allowed token."""
         probe = matcher.deep_copy()
         path: list[int] = []
         mask = torch.empty((1, self.words), dtype=torch.int32)
@@ -129,26 +129,68 @@ class Grammars:
             if probe.is_accepting():
                 return [*path, self.eos]
             forced = probe.compute_ff_tokens()
-            if forced:
-                if len(path) + len(forced) > limit or not probe.consume_tokens(forced):
-                    return None
-                path += forced
-                continue
-            allowed = unpack(self.packed([probe], mask), self.vocab_size)[0]
-            closers = [t for t in self._closers if allowed[t]]
-            choice = next((t for t in closers if _accepts_after(probe, t)), closers[0] if closers else None)
-            if choice is None:
-                candidates = allowed.nonzero().flatten().tolist()
-                choice = next((t for t in candidates if t != self.eos), None)
-            if choice is None or not probe.consume_token(choice):
+            if not forced:
+                allowed = unpack(self.packed([probe], mask), self.vocab_size)[0]
+                wanted = self._prefer.get(json_context(text), [])
+                choice = next((t for t in wanted if allowed[t]), None)
+                if choice is None:
+                    choice = next((t for t in allowed.nonzero().flatten().tolist() if t != self.eos), None)
+                forced = [choice] if choice is not None else []
+            if not forced or len(path) + len(forced) > limit or not probe.consume_tokens(forced):
                 return None
-            path.append(choice)
+            path += forced
+            text += self.tokenizer.decode_str(forced)
         return None
 
 
-def _accepts_after(matcher: Any, token: int) -> bool:
-    probe = matcher.deep_copy()
-    return bool(probe.consume_token(token)) and bool(probe.is_accepting())
+def json_context(text: str) -> str:
+    """Where JSON cut at the end of ``text`` stands: ``"string"`` (inside one), ``"value"`` (a value is due),
+    ``"key"`` (an object's next key, or its end), ``"after"`` (a value just ended, or one is under way: a separator
+    or a closing bracket is due) or ``"text"`` (before the first bracket)."""
+    depth: list[str] = []
+    in_string = escaped = False
+    state = "text"
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string, state = False, "after"
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            depth.append(ch)
+            state = "key" if ch == "{" else "value"
+        elif ch in "}]":
+            depth = depth[:-1]
+            state = "after"
+        elif ch == ":":
+            state = "value"
+        elif ch == ",":
+            state = "key" if depth and depth[-1] == "{" else "value"
+        elif depth and not ch.isspace():  # a number or a literal under way
+            state = "after"
+    return "string" if in_string else state
+
+
+def _closing_tokens(tokenizer: Any) -> dict[str, list[int]]:
+    """The single tokens ``closing_path`` prefers in each ``json_context``, best first."""
+
+    def single(texts: Sequence[str]) -> list[int]:
+        found = (tokenizer.tokenize_str(text) for text in texts)
+        return [ids[0] for ids in found if len(ids) == 1]
+
+    pieces = {i: tokenizer.decode_str([i]) for i in range(tokenizer.vocab_size) if not tokenizer.is_special_token(i)}
+    brackets = sorted((t for t, s in pieces.items() if s and set(s) <= set("}]")), key=lambda t: -len(pieces[t]))
+    quotes = [t for t, s in pieces.items() if s.startswith('"') and set(s[1:]) <= set("}]")]
+    return {
+        "string": sorted(quotes, key=lambda t: -len(pieces[t])),
+        "value": single(VALUES + OPENERS),
+        "key": [*single(("}", " }")), *single(OPENERS[:2])],
+        "after": brackets,
+    }
 
 
 def unpack(packed: torch.Tensor, vocab_size: int) -> torch.Tensor:
