@@ -57,6 +57,11 @@ class Grammars:
                 raise RequestError(f"{where} is not a JSON schema that can be enforced: {problem}", where)
         self.matcher(grammar)
 
+    def compiled(self, grammar: str) -> bool:
+        """True when ``grammar`` is compiled already (a ``matcher`` of it is then cheap: no thread needed)."""
+        with self._lock:
+            return grammar in self._compiled
+
     def matcher(self, grammar: str) -> Any:
         """A fresh matcher at the start of ``grammar``. Raises ``RequestError`` if it does not compile."""
         with self._lock:

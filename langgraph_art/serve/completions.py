@@ -40,6 +40,7 @@ class ChatCompletions:
         self.engine, self.ready, self.policies = engine, ready, policies
         self.prompts = PromptCache()
         self._calls: tuple[ToolCallFormat | None] | None = None  # probed once, from the engine's chat template
+        self._grammars: Any = None  # the engine's, once a request asked for a grammar
 
     def tool_call_format(self) -> ToolCallFormat | None:
         if self._calls is None:
@@ -55,9 +56,12 @@ class ChatCompletions:
         prompt = self.prompts.render(self.engine.tokenizer, body.template_messages(), tools)
         request = GenerationRequest(prompt, body.sampling_params(), adapter, uuid.uuid4().hex)
         constraint = request_constraint(body, self.tool_call_format())
-        if constraint is not None:  # the first one builds llguidance's tokenizer (~1 s on a 150k vocabulary)
-            await asyncio.to_thread(self.engine.grammars().check, constraint.grammar, constraint.schemas)
+        if constraint is not None:
             request.grammar = constraint.grammar
+            if self._grammars is None:  # llguidance's view of the tokenizer: ~1 s to build on a 150k vocabulary
+                self._grammars = await asyncio.to_thread(self.engine.grammars)
+            if not self._grammars.compiled(constraint.grammar):  # a GRPO group asks for one grammar: checked once
+                await asyncio.to_thread(self._grammars.check, constraint.grammar, constraint.schemas)
         return token_text, request
 
     async def complete(self, body: ChatCompletionRequest) -> tuple[dict[str, Any], dict[str, str]]:
@@ -73,7 +77,7 @@ class ChatCompletions:
             return result
         assert request.grammar is not None
         budget = token_budget(request, self.engine.max_model_len)
-        grammars, tokenizer = self.engine.grammars(), self.engine.tokenizer
+        grammars, tokenizer = self._grammars or self.engine.grammars(), self.engine.tokenizer
         return await asyncio.to_thread(close_result, result, request.grammar, budget, grammars, tokenizer, sent)
 
     def router(self) -> APIRouter:

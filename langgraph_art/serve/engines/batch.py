@@ -153,10 +153,14 @@ class RunningBatch:
         decides. A matcher that allows nothing (an error it cannot leave) is logged and may only end its row."""
         grammars = self.grammars() if self.grammars else None
         assert grammars is not None, "rows with a grammar need the engine's grammars"
-        masks = grammars.allowed([self.rows[b].matcher for b in constrained]).to(self.logits.device)  # [C, V]
-        for c in (~masks.any(-1)).nonzero().flatten().tolist():
-            log.error("grammar matcher stuck, ending the row: %s", self.rows[constrained[c]].matcher.get_error())
-            masks[c, grammars.eos] = True
+        rows = [self.rows[b] for b in constrained]
+        masks = grammars.allowed([row.matcher for row in rows]).to(self.logits.device)  # [C, V]
+        if not bool(masks.any(-1).all()):
+            for c in (~masks.any(-1)).nonzero().flatten().tolist():
+                log.error("grammar matcher stuck, ending the row: %s", rows[c].matcher.get_error())
+                masks[c, grammars.eos] = True
+        if len(constrained) == len(self.rows):
+            return masks
         allowed = torch.ones(self.logits.shape, dtype=torch.bool, device=self.logits.device)
         allowed[torch.tensor(constrained, device=allowed.device)] = masks
         return allowed

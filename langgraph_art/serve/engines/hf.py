@@ -237,8 +237,9 @@ class HFEngine:
             streaming=streaming,
         )
         request.request_id = request.request_id or uuid.uuid4().hex
-        if request.grammar is not None:  # compiled (and cached) here: a grammar that does not compile is a 400
-            await asyncio.to_thread(self.grammars().check, request.grammar)
+        grammar = request.grammar
+        if grammar is not None and not (self._grammars and self._grammars.compiled(grammar)):
+            await asyncio.to_thread(lambda: self.grammars().check(grammar))  # a grammar that fails is a 400
         self._work_queue.put(job)
         try:
             while True:

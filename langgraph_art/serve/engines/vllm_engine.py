@@ -241,8 +241,9 @@ class VLLMEngine:
         lora = self._loras.get(request.adapter) if request.adapter is not None else None
         if request.adapter is not None and lora is None:
             raise ModelNotFoundError(f"adapter {request.adapter!r} is not loaded; loaded: {sorted(self._loras)}")
-        if request.grammar is not None:  # checked here, as HFEngine does: a grammar that does not compile is a 400
-            await asyncio.to_thread(self.grammars().check, request.grammar)
+        grammar = request.grammar
+        if grammar is not None and not (self._grammars and self._grammars.compiled(grammar)):
+            await asyncio.to_thread(lambda: self.grammars().check(grammar))  # as HFEngine: a 400 if bad
         params = self._sampling_params(request, RequestOutputKind.DELTA if streaming else RequestOutputKind.FINAL_ONLY)
         request.request_id = request.request_id or uuid.uuid4().hex
         lora_id = lora.request.lora_int_id if lora is not None else 0
