@@ -2,8 +2,9 @@
 # The vLLM engine's checks that only a GPU shows, as one script for a lent CUDA machine (about 6 minutes on one
 # H200; run from the repository root):
 #   1. install vLLM 0.32 (the CUDA build) beside the machine's torch, and this package without its deps;
-#   2. the `gpu`-marked tests: logprob agreement of vLLM (bf16 and fp32) with the trainer's forward pass, LoRA swap
-#      under load, and training steps on one GPU with vLLM asleep (level 1) while the optimizer steps;
+#   2. the `gpu`-marked tests: logprob agreement of vLLM (bf16 and fp32) with the trainer's forward pass, also under a
+#      grammar (structured output replays, its logprobs masked), LoRA swap under load, and training steps on one GPU
+#      with vLLM asleep (level 1) while the optimizer steps;
 #   3. 256 concurrent requests and adapter swap time, HFEngine against VLLMEngine (benchmarks/engines.py on CUDA).
 # Output goes to $OUT (or ./gpu-check-out): log.txt and engines.txt.
 #

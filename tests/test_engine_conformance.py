@@ -396,6 +396,10 @@ def test_a_grammar_that_does_not_compile_is_a_request_error(server: Any) -> None
         server.run(server.engine.generate(request))
 
 
+async def last_of(chunks: Any) -> Any:
+    return [chunk async for chunk in chunks][-1]
+
+
 class Joke(BaseModel):
     setup: str
     punchline: str
@@ -424,3 +428,5 @@ def test_every_with_structured_output_method_returns_a_valid_instance(server: An
         *_, last = chat.stream("Tell me a joke about cats.")
         assert valid(last)
         assert valid(server.run(chat.ainvoke("Tell me a joke about cats.")))
+
+        assert valid(server.run(last_of(chat.astream("Tell me a joke about cats."))))

@@ -307,3 +307,52 @@ def test_streaming_holds_back_what_a_closing_may_replace(server: Any, max_tokens
                     closing = (choice.model_extra or {}).get("closing_tokens")
         assert grammar is not None and closing is not None and len(ids) <= max_tokens
         assert Joke.model_validate_json(text)
+
+
+# -- LangChain's agent ----------------------------------------------------------------------------------------------
+class Weather(BaseModel):
+    city: str
+    temperature: int
+
+
+def weather_agent(server: Any) -> tuple[Any, Any]:
+    from langchain.agents import create_agent
+    from langchain_core.tools import tool
+
+    from langgraph_art.capture.chat_model import ChatART
+
+    @tool
+    def get_weather(city: str) -> str:
+        """Get the weather for a city."""
+        return f"It is 21 degrees in {city}."
+
+    llm = ChatART(model="tiny", base_url=server.base_url, max_tokens=48, max_retries=0)
+    return create_agent(model=llm, tools=[get_weather], response_format=Weather), llm
+
+
+def check_agent_run(out: dict[str, Any], trajectory: Any) -> None:
+    assert isinstance(out["structured_response"], Weather)
+    turns = trajectory.turns()
+    assert turns and all(t.grammar is not None and t.has_tokens for t in turns)
+    # ChatART's profile says it does structured output: create_agent asks for the answer as a response format,
+    # beside the tools, so each call may end the run (the JSON) or call the tool
+    assert all(t.grammar.startswith("start: calls | answer") for t in turns)
+
+
+def test_create_agent_returns_a_structured_response(server: Any) -> None:
+    from langgraph_art.capture.callbacks import TrajectoryCallbackHandler
+
+    agent, llm = weather_agent(server)
+    for _ in range(3):
+        handler = TrajectoryCallbackHandler(recorders=[llm.recorder])
+        out = agent.invoke({"messages": [("user", "weather in paris?")]}, config={"callbacks": [handler]})
+        check_agent_run(out, handler.trajectories[-1])
+
+
+async def test_create_agent_structured_response_inside_a_running_loop(server: Any) -> None:
+    from langgraph_art.capture.callbacks import TrajectoryCallbackHandler
+
+    agent, llm = weather_agent(server)
+    handler = TrajectoryCallbackHandler(recorders=[llm.recorder])
+    out = await agent.ainvoke({"messages": [("user", "weather in paris?")]}, config={"callbacks": [handler]})
+    check_agent_run(out, handler.trajectories[-1])

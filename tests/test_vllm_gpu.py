@@ -118,3 +118,34 @@ def test_training_steps_share_the_gpu_with_vllm_asleep(tmp_path: Path) -> None:
         assert [c for c in calls if c in ("sleep", "awake")] == ["sleep", "awake"] * 3
         assert all(abs(m["train/ratio_mean"] - 1.0) < 0.05 for m in history), history
         assert {"gpu/agent@2", "gpu/agent@3"} <= set(engine.adapters())
+
+
+def test_structured_output_on_cuda_replays_and_its_logprobs_are_masked(model: Path) -> None:
+    """The CUDA build applies the grammar bitmask in its GPU model runner (the CPU build's path is tested in
+    test_engine_conformance.py): every sampled token must replay under the grammar, and the logprobs must be of the
+    masked distribution (forced tokens at 0), within bf16's per-token noise."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from langgraph_art.models.grammar import unpack
+    from langgraph_art.serve.embedded import EmbeddedServer
+    from langgraph_art.serve.engines.base import GenerationRequest, SamplingParams
+    from langgraph_art.serve.engines.vllm_engine import VLLMEngine
+    from langgraph_art.train.loss import token_logprobs_and_entropy
+    from tests.test_engine_conformance import route_grammar
+
+    engine = VLLMEngine(str(model), device="cuda", dtype="bfloat16", gpu_memory_utilization=0.2)
+    reference = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    with EmbeddedServer(engine) as server:
+        ids, grammar = prompt(server, "route this: the weather in paris"), route_grammar(server)
+        request = GenerationRequest(ids, SamplingParams(temperature=1.0, max_tokens=40, n=8, seed=0), grammar=grammar)
+        result = server.run(engine.generate(request))
+        grammars = engine.grammars()
+    for sample in result.samples:
+        packed = grammars.replay(grammar, sample.token_ids)
+        assert packed is not None
+        with torch.no_grad():
+            logits = reference(torch.tensor([ids + sample.token_ids])).logits[:, len(ids) - 1 : -1]
+        allowed = unpack(packed, grammars.vocab_size)[None, :, : logits.shape[-1]]
+        want = token_logprobs_and_entropy(logits, torch.tensor([sample.token_ids]), torch.ones(1), allowed)[0][0]
+        assert max_gap(want.tolist(), sample.logprobs) < 0.1 and abs(sample.logprobs[0]) < 1e-3

@@ -153,6 +153,8 @@ class SpanBuilder:
             "sampled_tokens": len(turn.token_ids),
             "logprob_sum": _logprob_sum(turn.logprobs),
             "finish_reason": turn.finish_reason,
+            "constrained": turn.grammar is not None,  # sampled under a grammar: structured output, a forced call
+            "closing_tokens": turn.closing_tokens,  # appended by the server to close a structure max_tokens cut
             "trainable": turn.trainable and turn.has_tokens,
             "source": turn.source,
             "call_id": turn.call_id,
