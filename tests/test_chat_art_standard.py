@@ -87,6 +87,7 @@ class TestChatARTIntegration(ChatModelIntegrationTests):
     _SMART = "needs a model that follows tool instructions; the tiny random-init model cannot"
     _ARGS = "the forced call's arguments are valid but the random model picks them: the test wants input=3"
     _ONE_CALL = "tool_choice='any' allows parallel calls (OpenAI's default); the random model may make several"
+    _STYLE = "the forced call is valid, but the random model's answer_style is often empty: the test wants text"
 
     @pytest.mark.xfail(reason=_ARGS)
     def test_tool_calling(self, model: Any) -> None:
@@ -95,6 +96,10 @@ class TestChatARTIntegration(ChatModelIntegrationTests):
     @pytest.mark.xfail(reason=_ARGS)
     async def test_tool_calling_async(self, model: Any) -> None:
         await super().test_tool_calling_async(model)
+
+    @pytest.mark.xfail(reason=_STYLE)
+    def test_bind_runnables_as_tools(self, model: Any) -> None:
+        super().test_bind_runnables_as_tools(model)
 
     @pytest.mark.xfail(reason=_ONE_CALL)
     def test_tool_calling_with_no_arguments(self, model: Any) -> None:

@@ -79,7 +79,7 @@ async def test_requests_arriving_mid_batch_join_it_and_sample_as_if_alone(
 ) -> None:
     short, long_prompt = chat(engine, "hi"), chat(engine, "the weather in Paris and the sea", [WEATHER_TOOL])
     assert len(long_prompt) > len(short) + 40  # joining it shifts the running rows' cache to the right
-    running = request(short, 48, seed=1, adapter=adapter_name)
+    running = request(short, 96, seed=1, adapter=adapter_name)  # long enough to outlast the joiners anywhere
     joiners = [
         request(long_prompt, 6, seed=7, adapter=adapter_name, n=2),
         request(short, 10, seed=3, adapter=adapter_name),
@@ -210,7 +210,8 @@ async def test_an_idle_engine_gathers_a_burst_of_arrivals_into_one_batch(tiny_pa
             await asyncio.sleep(0.005 * i)  # arrivals 5 ms apart, as agent runs send their next calls
             return await eng.generate(request(ids, 4, seed=i, adapter=None))
 
-        await asyncio.gather(*(eng.generate(request(ids, 2, seed=i, adapter=None)) for i in range(2)))  # 2 rows
+        await eng.generate(request(ids, 2, seed=0, adapter=None, n=2))  # a batch of 2 rows (two requests could
+        # run as two batches of one when the first ends before the second is queued: then nothing waits below)
         before_batches, before_joined = eng.batches_run, eng.requests_joined
         results = await asyncio.gather(*(staggered(i) for i in range(6)))
         assert all(len(r.samples[0].token_ids) == 4 for r in results)

@@ -71,7 +71,9 @@ class ChatCompletions:
         completion = _completion(body, result, token_text, request.request_id, request.grammar)
         return completion, {CALL_ID_HEADER: request.request_id}
 
-    async def close(self, request: GenerationRequest, result: GenerationResult, sent: list[int] | None = None) -> Any:
+    async def close(
+        self, request: GenerationRequest, result: GenerationResult, sent: list[int] | None = None
+    ) -> GenerationResult:
         """``result`` with the samples the budget cut short in the middle of their grammar completed (``closing``)."""
         if not needs_closing(result, request.grammar):
             return result

@@ -393,7 +393,12 @@ class GRPOTrainer:
 
     @torch.no_grad()
     def _reference_logprobs(
-        self, ids: torch.Tensor, first: int, targets: torch.Tensor, temp: torch.Tensor, masks: GrammarMasks | None
+        self,
+        ids: torch.Tensor,
+        first: int,
+        targets: torch.Tensor,
+        temp: torch.Tensor,
+        masks: GrammarMasks | None = None,
     ) -> Any:
         with self._lora.active(None):  # the base model is the KL reference, under the same masks
             return self._token_logprobs(ids, first, targets, temp, masks)[0]

@@ -310,7 +310,7 @@ class HFEngine:
                 else:
                     steps = HFSteps(policy.model, self._cache_kwarg)
                 batch = RunningBatch(steps, self._finish_if_done, self._rng, self._pad, self.grammars)
-                batch.admit(jobs)
+                self._admit(batch, jobs)
                 while batch.rows:
                     work.last_batch_rows = max(work.last_batch_rows, batch.size)
                     batch.step()
@@ -318,7 +318,7 @@ class HFEngine:
                         run_command(command)
                     joiners = work.take_joiners(adapter, batch.size) if batch.rows and steps.can_join else []
                     if joiners:
-                        batch.admit(joiners)
+                        self._admit(batch, joiners)
         except Exception as exc:
             log.exception("batch of %d requests failed", len(batch.jobs) if batch is not None else len(jobs))
             if batch is None:
@@ -326,10 +326,14 @@ class HFEngine:
                     job.post(exc)
             else:
                 batch.fail(exc)
-        finally:
-            if batch is not None:
-                self.prefills_shared += batch.prefills_shared
-                self.requests_joined += batch.joined
+
+    def _admit(self, batch: RunningBatch, jobs: list[Job]) -> None:
+        """``batch.admit(jobs)``, counted at once: a request's result can reach its caller before the batch ends, and
+        the counters were read too early when they were added up after it (a flaky test)."""
+        shared, joined = batch.prefills_shared, batch.joined
+        batch.admit(jobs)
+        self.prefills_shared += batch.prefills_shared - shared
+        self.requests_joined += batch.joined - joined
 
     def _finish_if_done(self, row: Row) -> bool:
         """Record the row's sample if it is finished; True when it is."""
