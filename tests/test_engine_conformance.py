@@ -430,3 +430,38 @@ def test_every_with_structured_output_method_returns_a_valid_instance(server: An
         assert valid(server.run(chat.ainvoke("Tell me a joke about cats.")))
 
         assert valid(server.run(last_of(chat.astream("Tell me a joke about cats."))))
+
+
+def test_a_forced_tool_call_is_always_that_call_with_valid_arguments(server: Any) -> None:
+    """``tool_choice`` naming a function, and ``"required"``, through the app: every choice calls (the named one),
+    arguments valid against its schema; the random model would otherwise hardly ever call anything."""
+    search = {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}},
+                "required": ["query", "limit"],
+            },
+        },
+    }
+    body: dict[str, Any] = {
+        "model": "tiny-128",
+        "messages": [{"role": "user", "content": "hello there"}],
+        "tools": [WEATHER_TOOL, search],
+        "n": 6,
+        "max_tokens": 48,
+    }
+    for choice_of_tool in ({"type": "function", "function": {"name": "search"}}, "required"):
+        response = httpx.post(f"{server.base_url}/chat/completions", json={**body, "tool_choice": choice_of_tool})
+        assert response.status_code == 200, response.text
+        for choice in response.json()["choices"]:
+            calls = choice["message"]["tool_calls"]
+            assert calls and choice["finish_reason"] == "tool_calls"
+            for call in calls:
+                arguments = json.loads(call["function"]["arguments"])
+                if call["function"]["name"] == "search":
+                    assert isinstance(arguments["query"], str) and isinstance(arguments["limit"], int)
+                else:
+                    assert choice_of_tool == "required" and isinstance(arguments["city"], str)

@@ -24,7 +24,8 @@ from langgraph_art.errors import RequestError
 # what ``closing_path`` tries where a JSON value is due: the shortest whole values first, then what opens one
 VALUES = (' ""', '""', " 0", "0", " []", "[]", " {}", "{}", " null", "null", " false", "false", " true", "true")
 OPENERS = (' "', '"', " [", "[", " {", "{")
-MAX_BACKTRACK = 512  # tokens ``close`` may give back to fit a closing into the budget
+MAX_BACKTRACK = 128  # tokens ``close`` may give back to fit a closing into the budget
+MAX_CLOSING = 128  # tokens a closing may take (both bound ``close``'s work: at most ~16k masks, well under a second)
 _BITS = torch.arange(32, dtype=torch.int32)
 
 
@@ -115,7 +116,8 @@ class Grammars:
         for keep in range(kept, max(-1, kept - MAX_BACKTRACK - 1), -1):
             if keep < kept and not matcher.rollback(1):
                 return None
-            path = self.closing_path(matcher, budget - keep, self.tokenizer.decode_str(list(token_ids[:keep])))
+            limit = min(budget - keep, MAX_CLOSING)
+            path = self.closing_path(matcher, limit, self.tokenizer.decode_str(list(token_ids[:keep])))
             if path is not None:
                 return keep, path
         return None
