@@ -94,6 +94,14 @@ def test_hand_built_tool_loop_sync_async_and_streaming(weather_llm, tokenizer) -
     # the same exact ids whether the model was invoked or streamed (greedy decoding)
     ids = lambda h: [t.token_ids for t in h.trajectories[0].turns()]  # noqa: E731
     assert ids(sync) == ids(streamed) == ids(asynchronous)
+    # the second call's prompt (the template rendering the first call's tool call back) starts with the first call's
+    # prompt and sampled ids: the loop trains as one sequence
+    from langgraph_art.train.advantages import Advantages
+    from langgraph_art.train.tokenize import build_sequences
+
+    run = sync.trajectories[0]
+    (sequence,) = build_sequences([run], Advantages(by_trajectory={run.id: 1.0}), tokenizer)
+    assert sequence.turns == 2
 
 
 def test_subgraph_as_node_and_inside_a_node(weather_llm, tokenizer) -> None:

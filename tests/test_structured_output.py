@@ -356,3 +356,49 @@ async def test_create_agent_structured_response_inside_a_running_loop(server: An
     handler = TrajectoryCallbackHandler(recorders=[llm.recorder])
     out = await agent.ainvoke({"messages": [("user", "weather in paris?")]}, config={"callbacks": [handler]})
     check_agent_run(out, handler.trajectories[-1])
+
+
+# -- a template that writes tool calls as Qwen2.5's does ----------------------------------------------------------
+QWEN_STYLE = (
+    "{%- for message in messages %}"
+    "{%- if message.role == 'assistant' %}{{- '<|im_start|>assistant' }}"
+    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
+    "{%- for call in message.tool_calls or [] %}{%- set call = call.function %}"
+    '{{- \'\\n<tool_call>\\n{"name": "\' + call.name + \'", "arguments": \' }}'
+    "{{- (call.arguments | tojson) + '}\\n</tool_call>' }}"
+    "{%- endfor %}{{- '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+@pytest.fixture
+def qwen_style(tokenizer: Any) -> Any:
+    import copy
+
+    styled = copy.deepcopy(tokenizer)
+    styled.chat_template = QWEN_STYLE
+    return styled
+
+
+def test_a_template_that_encodes_arguments_itself_gets_objects_and_its_own_format(qwen_style: Any) -> None:
+    """Qwen's template applies ``tojson`` to the arguments: given OpenAI's JSON string it would write the string
+    encoded twice. The server hands templates objects (as vLLM does), and the grammar follows the template's own
+    newlines around the JSON."""
+    from langgraph_art.models.grammar import Grammars
+
+    calls = ToolCallFormat.probe(qwen_style)
+    assert calls == ToolCallFormat("<tool_call>", "</tool_call>", ('\n{"name": "', '", "arguments": '), "}\n", "\n")
+    call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    request = ChatCompletionRequest(
+        model="tiny", messages=[*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    )
+    rendered = qwen_style.apply_chat_template(request.template_messages(), tokenize=False)
+    assert '{"name": "get_weather", "arguments": {"city": "Paris"}}' in rendered  # not "{\"city\": ...}"
+    constraint = request_constraint(
+        body(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "no_args"}}), calls
+    )
+    assert constraint is not None
+    grammars = Grammars(qwen_style)
+    _, tail = grammars.close(constraint.grammar, [], 64)
+    assert qwen_style.decode(tail) == '<tool_call>\n{"name": "no_args", "arguments": {}}\n</tool_call><|im_end|>'

@@ -7,6 +7,7 @@ with a 400 naming the field instead of being silently ignored. ``response_format
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Literal
 
@@ -161,7 +162,9 @@ class ChatCompletionRequest(_Lenient):
         )
 
     def template_messages(self) -> list[dict[str, Any]]:
-        """Messages as the chat template expects them (text content, tool-call arguments as JSON strings)."""
+        """Messages as chat templates expect them: text content, and tool-call arguments as objects (the OpenAI
+        format's JSON strings parsed, as vLLM does: Qwen's template applies ``tojson`` to them, which would write a
+        string twice encoded; templates that take a string render an object with ``tojson`` as well)."""
         out: list[dict[str, Any]] = []
         for i, message in enumerate(self.messages):
             where = f"messages[{i}]"
@@ -172,7 +175,7 @@ class ChatCompletionRequest(_Lenient):
             if message.tool_calls:
                 if role != "assistant":
                     raise RequestError("only assistant messages may carry tool_calls", f"{where}.tool_calls")
-                item["tool_calls"] = [call.model_dump() for call in message.tool_calls]
+                item["tool_calls"] = [_arguments_as_object(call.model_dump()) for call in message.tool_calls]
             if message.tool_call_id:
                 item["tool_call_id"] = message.tool_call_id
             if message.name:
@@ -182,6 +185,20 @@ class ChatCompletionRequest(_Lenient):
 
     def tools_enabled(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
+
+
+def _arguments_as_object(call: dict[str, Any]) -> dict[str, Any]:
+    """A tool call whose ``arguments`` JSON string holds an object, with the object in its place (other arguments,
+    such as text a model wrote that is not JSON, stay as they are)."""
+    arguments = call["function"]["arguments"]
+    if isinstance(arguments, str):
+        try:
+            parsed = json.loads(arguments)
+        except json.JSONDecodeError:
+            return call
+        if isinstance(parsed, dict):
+            return {**call, "function": {**call["function"], "arguments": parsed}}
+    return call
 
 
 def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_NAME, _ARGS = "__langgraph_art_probe__", '{"__langgraph_art_argument__": 1}'
+_NAME, _ARGS = "__langgraph_art_probe__", {"__langgraph_art_argument__": 1}
 # keys whose values are schemas, lists of schemas, or maps of name -> schema (JSON Schema 2020-12 and draft 7)
 _SCHEMA = ("items", "not", "if", "then", "else", "contains", "additionalProperties", "propertyNames")
 _SCHEMAS = ("anyOf", "oneOf", "allOf", "prefixItems")
@@ -62,8 +62,9 @@ class ToolCallFormat:
 
     @classmethod
     def probe(cls, tokenizer: Any) -> ToolCallFormat | None:
-        """The format the tokenizer's chat template renders (two probe calls), or None when it does not write
-        hermes-style ``<tool_call>...</tool_call>`` blocks."""
+        """The format the tokenizer's chat template renders (two probe calls, their arguments a dict as the templates
+        expect: Qwen's applies ``tojson`` to them), or None when it does not write hermes-style
+        ``<tool_call>...</tool_call>`` blocks."""
         call = {"type": "function", "function": {"name": _NAME, "arguments": _ARGS}}
         messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call, call]}]
         try:
@@ -71,15 +72,16 @@ class ToolCallFormat:
         except Exception as exc:  # noqa: BLE001 - whatever the template raises, it cannot write tool calls
             log.info("the chat template cannot render tool calls (%s): tool_choice cannot be enforced", exc)
             return None
+        arguments = json.dumps(_ARGS)
         first = text.find(OPEN)
-        if first < 0 or text.count(_NAME) != 2 or text.count(_ARGS) != 2:
+        if first < 0 or text.count(_NAME) != 2 or text.count(arguments) != 2:
             return None
         end = text.find(CLOSE, first)
         second = text.find(OPEN, end)
         if end < 0 or second < 0:
             return None
         body = text[first + len(OPEN) : end]
-        head, _, tail = body.partition(_ARGS)
+        head, _, tail = body.partition(arguments)
         before, _, after = head.partition(_NAME)
         vocabulary = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
         marker = lambda m: m if m in vocabulary else json.dumps(m)  # noqa: E731 - a token, or text to spell out
