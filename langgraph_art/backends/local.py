@@ -39,7 +39,11 @@ class LocalBackend:
 
     ``trainer_process=True`` runs each trainer in a child process (``train.process.ProcessTrainer``) with its own
     copy of the weights: with ``Trainer(max_steps_off_policy=1)`` its updates then overlap sampling on another
-    core instead of taking turns with the engine on the GIL (see benchmarks/README.md, issue 15)."""
+    core instead of taking turns with the engine on the GIL (see benchmarks/README.md, issue 15).
+
+    ``chat_template`` (vLLM's option: a ``.jinja`` file, the template text, or ``"chatml-tools"``, the bundled ChatML
+    template with Hermes-style tool calls) replaces the base models' own templates, for the engine and the trainers
+    alike; a ``TrainableModel(chat_template=...)`` sets it for its base model (one template per base model)."""
 
     def __init__(
         self,
@@ -55,7 +59,9 @@ class LocalBackend:
         max_trainers: int | None = None,
         freeze_gc: bool = True,
         trainer_process: bool = False,
+        chat_template: str | Path | None = None,
     ) -> None:
+        from langgraph_art.models.templates import read_chat_template
         from langgraph_art.serve.engines.choose import check_engine_options
 
         self.home = Path(home) if home is not None else default_home()
@@ -74,6 +80,8 @@ class LocalBackend:
                 "engine's: drop engine_options={'share_weights': True} or trainer_process=True"
             )
         self.trainer_process = trainer_process
+        self.chat_template = read_chat_template(chat_template) if chat_template is not None else None
+        self._templates: dict[str, str | None] = {}  # base model -> the template its server and trainers use
         self._servers: dict[str, Any] = {}
         self._registries: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -91,6 +99,7 @@ class LocalBackend:
                     device=self.device,
                     max_trainers=self.max_trainers,
                     trainer_factory=lambda *args, **kwargs: self._new_trainer(base_model, *args, **kwargs),
+                    chat_template=self._templates.setdefault(base_model, self.chat_template),
                 )
                 self._registries[base_model] = registry
             return registry
@@ -173,24 +182,41 @@ class LocalBackend:
         with self._lock:
             server = self._servers.get(base_model)
             if server is None:
+                template = self._templates.setdefault(base_model, self.chat_template)
+                options = {**self._engine_kwargs, **({"chat_template": template} if template is not None else {})}
                 server = EmbeddedServer(
                     base_model,
                     served_name=base_model,
                     adapter_roots=[self.home],
                     engine=self.engine,
                     freeze_gc=self.freeze_gc,
-                    **self._engine_kwargs,
+                    **options,
                 ).start()
                 self._servers[base_model] = server
             return server
 
     def register(self, model: TrainableModel) -> None:
+        self._use_template(model)
         register_policy(self.server(model.base_model).base_url, None, model.served_name)
         from langgraph_art.train import checkpoint
 
         step = checkpoint.latest_step(self.checkpoint_dir(model))
         if step is not None:  # a model trained before: serve where it left off
             self._serve(model, step, checkpoint.step_dir(self.checkpoint_dir(model), step))
+
+    def _use_template(self, model: TrainableModel) -> None:
+        """The model's base model is served and trained with its ``chat_template`` (or this backend's)."""
+        from langgraph_art.models.templates import read_chat_template
+
+        wanted = read_chat_template(model.chat_template) if model.chat_template is not None else self.chat_template
+        with self._lock:
+            current = self._templates.setdefault(model.base_model, wanted)
+        if current != wanted:
+            raise ConfigError(
+                f"{model.base_model!r} is already served here with another chat template than model {model.name!r} "
+                "asks for; a backend serves one template per base model: give both models the same chat_template, "
+                "or use another LocalBackend"
+            )
 
     def chat_model_settings(self, model: TrainableModel) -> dict[str, Any]:
         """Where ``ChatART`` reaches the policy: the embedded server's URL, and clients that hand requests to its

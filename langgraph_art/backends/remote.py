@@ -30,6 +30,11 @@ class RemoteBackend:
         self._config: dict[tuple[str, str], dict[str, Any] | None] = {}  # by (project, name)
 
     def register(self, model: TrainableModel) -> None:
+        if model.chat_template is not None:
+            raise ConfigError(
+                f"model {model.name!r} sets chat_template, but a remote service renders with its own: start it with "
+                "`langgraph-art serve --chat-template FILE|chatml-tools` and drop chat_template from the model"
+            )
         register_policy(self.base_url, self.api_key, model.served_name)
 
     def chat_model_settings(self, model: TrainableModel) -> dict[str, Any]:

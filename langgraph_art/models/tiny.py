@@ -168,10 +168,9 @@ def tiny_recipe(vocab_size: int = 2048, hidden_size: int = 64, num_layers: int =
 
 
 def default_cache_dir() -> Path:
-    root = os.environ.get("LANGGRAPH_ART_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "langgraph-art"
-    )
-    return Path(root)
+    from langgraph_art.cache import cache_root
+
+    return cache_root()
 
 
 def tiny_model(

@@ -20,7 +20,8 @@ from typing import Any
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from langgraph_art.errors import ModelNotFoundError
+from langgraph_art.errors import ModelNotFoundError, RequestError
+from langgraph_art.models.templates import renders_tools
 from langgraph_art.serve.chat import PromptCache, StreamedText, TokenText, assistant_message, logprob_content
 from langgraph_art.serve.closing import HOLD, close_result, needs_closing
 from langgraph_art.serve.engines.base import Engine, FinishedEvent, GenerationRequest, GenerationResult, token_budget
@@ -40,6 +41,7 @@ class ChatCompletions:
         self.engine, self.ready, self.policies = engine, ready, policies
         self.prompts = PromptCache()
         self._calls: tuple[ToolCallFormat | None] | None = None  # probed once, from the engine's chat template
+        self._renders_tools: bool | None = None  # likewise: does the template write a request's tools at all
         self._grammars: Any = None  # the engine's, once a request asked for a grammar
 
     def tool_call_format(self) -> ToolCallFormat | None:
@@ -47,10 +49,27 @@ class ChatCompletions:
             self._calls = (ToolCallFormat.probe(self.engine.tokenizer),)
         return self._calls[0]
 
+    def check_tools_rendered(self, body: ChatCompletionRequest) -> None:
+        """A request whose tools the chat template would drop is refused: the model would never see them."""
+        if not body.tools or body.tool_choice == "none":
+            return
+        if self._renders_tools is None:
+            self._renders_tools = renders_tools(self.engine.tokenizer)
+        if not self._renders_tools:
+            raise RequestError(
+                "this model's chat template does not write tools into the prompt, so the model would never see them "
+                "(SmolLM2's own template, for one). Serve it with a chat_template that does: "
+                "TrainableModel(..., chat_template='chatml-tools') or LocalBackend(chat_template=...), "
+                "`langgraph-art serve --chat-template chatml-tools` (or a .jinja file); or send no tools",
+                "tools",
+                code="chat_template_drops_tools",
+            )
+
     async def prepare(self, body: ChatCompletionRequest) -> tuple[TokenText, GenerationRequest]:
         """Check the request and render its prompt; the errors are the route's (400, 404, 503)."""
         token_text = self.ready()
         body.check_supported()
+        self.check_tools_rendered(body)
         adapter = resolve_adapter(self.engine, body.model, self.policies)
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
         prompt = self.prompts.render(self.engine.tokenizer, body.template_messages(), tools)

@@ -51,13 +51,16 @@ class PolicyRegistry:
         device: str | None = None,
         max_trainers: int | None = None,
         trainer_factory: Callable[..., Any] | None = None,
+        chat_template: str | None = None,
     ) -> None:
         """``trainer_factory(base_model, config, checkpoint_dir=..., device=...)`` builds a trainer (default
-        ``GRPOTrainer``); ``max_trainers=None`` keeps every trainer."""
+        ``GRPOTrainer``; with ``chat_template=`` too when one is set: the engine's, so that the trainer renders as
+        the engine does); ``max_trainers=None`` keeps every trainer."""
         if max_trainers is not None and max_trainers < 1:
             raise ConfigError(f"max_trainers must be >= 1 (or None for no limit), got {max_trainers}")
         self.base_model, self.home, self.device = base_model, Path(home).resolve(), device
         self.max_trainers, self._factory = max_trainers, trainer_factory
+        self.chat_template = chat_template
         self._slots: OrderedDict[PolicyKey, _Slot] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -152,7 +155,8 @@ class PolicyRegistry:
             from langgraph_art.train.trainer import GRPOTrainer
 
             factory = GRPOTrainer
-        return factory(self.base_model, config, checkpoint_dir=folder, device=self.device)
+        template: dict[str, Any] = {"chat_template": self.chat_template} if self.chat_template is not None else {}
+        return factory(self.base_model, config, checkpoint_dir=folder, device=self.device, **template)
 
     def _make_room(self, key: PolicyKey) -> None:
         while self.max_trainers is not None and len(self._slots) >= self.max_trainers:

@@ -56,11 +56,13 @@ class ProcessTrainer:
         checkpoint_dir: str | Path,
         device: str | None = None,
         threads: int | None = None,
+        chat_template: str | None = None,
     ) -> None:
         """``threads``: the child's torch threads (None: ``OMP_NUM_THREADS`` if set, else half the parent's)."""
         self.config = config or GRPOConfig()
         self.checkpoint_dir = Path(checkpoint_dir)
-        self._init = {"base_model": base_model, "checkpoint_dir": str(self.checkpoint_dir), "device": device}
+        self._init = {"base_model": base_model, "checkpoint_dir": str(self.checkpoint_dir), "device": device,
+                      "chat_template": chat_template}  # fmt: skip
         self._threads = threads if threads is not None else child_threads()
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
@@ -214,13 +216,20 @@ def serve(requests: Connection, answers: Connection) -> None:
             return
 
 
-def start_trainer(base_model: str, config: GRPOConfig, checkpoint_dir: str, device: str | None, threads: int) -> Any:
+def start_trainer(
+    base_model: str,
+    config: GRPOConfig,
+    checkpoint_dir: str,
+    device: str | None,
+    threads: int,
+    chat_template: str | None = None,
+) -> Any:
     import torch
 
     torch.set_num_threads(threads)
     from langgraph_art.train.trainer import GRPOTrainer
 
-    return GRPOTrainer(base_model, config, checkpoint_dir=checkpoint_dir, device=device)
+    return GRPOTrainer(base_model, config, checkpoint_dir=checkpoint_dir, device=device, chat_template=chat_template)
 
 
 def portable(exc: Exception) -> Exception:

@@ -21,6 +21,7 @@ ENGINE_OPTIONS: dict[str, frozenset[str]] = {
             "merge_adapters",
             "share_weights",
             "batch_wait_ms",
+            "chat_template",
         }
     ),
     "vllm": frozenset(
@@ -37,6 +38,7 @@ ENGINE_OPTIONS: dict[str, frozenset[str]] = {
             "data_parallel_size",
             "enable_sleep_mode",
             "engine_args",
+            "chat_template",
         }
     ),
 }

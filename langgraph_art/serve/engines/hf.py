@@ -87,6 +87,7 @@ class HFEngine:
         merge_adapters: bool | None = None,
         share_weights: bool | None = None,
         batch_wait_ms: float = 2.0,
+        chat_template: str | None = None,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
@@ -103,6 +104,7 @@ class HFEngine:
         self.max_model_len = max_model_len or 0
         self._work_queue = WorkQueue(max_batch_size, batch_wait_ms / 1000)
         self._device, self._dtype, self._seed = device, dtype, seed
+        self.chat_template = chat_template  # replaces the model's own (models.templates.read_chat_template)
         self._fast_decode, self._merge_adapters, self._share = fast_decode, merge_adapters, share_weights
         self._lora: HookedLora | None = None
         self._awake = threading.Event()  # cleared while a trainer has its turn on the shared weights
@@ -141,7 +143,9 @@ class HFEngine:
         self._ready = True
 
     def _load(self) -> None:
-        self._lm, self._tokenizer = load_causal_lm(self.model_path, device=self._device, dtype=self._dtype)
+        self._lm, self._tokenizer = load_causal_lm(
+            self.model_path, device=self._device, dtype=self._dtype, chat_template=self.chat_template
+        )
         limit = int(getattr(self._lm.config, "max_position_embeddings", 0) or 0)
         self.max_model_len = min(self.max_model_len or limit, limit) if limit else self.max_model_len or 4096
         self._eos = eos_token_ids(self._lm, self._tokenizer)

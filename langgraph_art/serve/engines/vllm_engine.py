@@ -98,6 +98,7 @@ class VLLMEngine:
         data_parallel_size: int = 1,
         enable_sleep_mode: bool | None = None,
         seed: int = 0,
+        chat_template: str | None = None,
         **engine_args: Any,
     ) -> None:
         if max_lora_rank not in LORA_RANKS:
@@ -108,6 +109,7 @@ class VLLMEngine:
         self.base_model = served_name or self.model_path
         self.max_model_len = max_model_len or 0
         self.max_lora_rank = max_lora_rank
+        self.chat_template = chat_template  # replaces the model's own: the prompts are rendered here, not by vLLM
         self._options: dict[str, Any] = {
             "device": device,
             "dtype": dtype,
@@ -190,7 +192,7 @@ class VLLMEngine:
         args = self.engine_args()
         if not self._on_cuda():
             check_cpu_head_size(args["model"])
-        self._tokenizer, self._eos = await asyncio.to_thread(_load_tokenizer, args["model"])
+        self._tokenizer, self._eos = await asyncio.to_thread(_load_tokenizer, args["model"], self.chat_template)
         self._llm = await asyncio.to_thread(_start_vllm, args)
         self.max_model_len = int(self._llm.model_config.max_model_len)
         self.can_sleep = bool(args["enable_sleep_mode"])
@@ -425,10 +427,10 @@ def _top(entry: dict[int, Any], k: int) -> list[tuple[int, float]]:
     return finite[:k]
 
 
-def _load_tokenizer(path: str) -> tuple[Any, list[int]]:
+def _load_tokenizer(path: str, chat_template: str | None) -> tuple[Any, list[int]]:
     from langgraph_art.models.loading import configured_eos_ids, load_tokenizer
 
-    tokenizer = load_tokenizer(path)
+    tokenizer = load_tokenizer(path, chat_template)  # prompts are rendered here, not by vLLM
     eos = configured_eos_ids(path)
     if tokenizer.eos_token_id is not None:
         eos.add(int(tokenizer.eos_token_id))
