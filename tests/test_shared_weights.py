@@ -203,6 +203,8 @@ def test_gradient_checkpointing_defaults_on_for_large_models_only(
     forced = GRPOTrainer(str(tiny_path), art.GRPOConfig(gradient_checkpointing=True), checkpoint_dir=tmp_path / "b")
     assert forced._checkpointing()
     monkeypatch.setattr("langgraph_art.train.trainer.LARGE_MODEL_BYTES", 0)
+    assert not GRPOTrainer(str(tiny_path), art.GRPOConfig(), checkpoint_dir=tmp_path / "d")._checkpointing()  # CPU
+    monkeypatch.setattr("langgraph_art.train.trainer.CHECKPOINTING_CPU_BYTES", 0)
     monkeypatch.setattr("langgraph_art.train.trainer.return_large_buffers", lambda: False)  # not in this process
     assert GRPOTrainer(str(tiny_path), art.GRPOConfig(), checkpoint_dir=tmp_path / "c")._checkpointing()
 

@@ -218,6 +218,31 @@ def test_chunked_masked_logprobs_equal_the_whole_computation(chunk: int) -> None
     assert results[0][0][0, 4] == 0.0 and results[0][2][0, 0] == 0.0  # forced token; no grammar at column 0
 
 
+@pytest.mark.parametrize("chunk", [1, 2, 5])
+def test_the_head_on_picked_positions_equals_the_whole_computation_there(chunk: int) -> None:
+    """What the trainer does: the trained positions gathered into one row, a temperature per position, the grammar
+    masks moved along (``GrammarMasks.gathered``); a mask at a position not picked is dropped."""
+    from langgraph_art.train.loss import GrammarMasks, chunked_logprobs_and_entropy, token_logprobs_and_entropy
+
+    torch.manual_seed(0)
+    head = torch.nn.Linear(4, 40, bias=False)
+    hidden = torch.randn(2, 5, 4)
+    targets = torch.tensor([[3, 33, 1, 7, 39], [0, 2, 35, 4, 6]])
+    temperature = torch.tensor([0.7, 1.3])
+    masks = GrammarMasks(torch.tensor([0, 0, 1]), torch.tensor([1, 4, 2]), _packed([[33, 34], [39], [1, 35, 36]], 40))
+    picked = torch.tensor([[False, True, True, False, True], [False, False, True, True, False]])
+    rows, cols = picked.nonzero(as_tuple=True)
+    gathered = masks.gathered(rows, cols)
+    assert gathered is not None and gathered.rows.tolist() == [0, 0, 0] and gathered.cols.tolist() == [0, 2, 3]
+    whole = token_logprobs_and_entropy(head(hidden), targets, temperature, masks.dense(0, 5, 2, 40))
+    apart = chunked_logprobs_and_entropy(
+        hidden[rows, cols][None], head, targets[rows, cols][None], temperature[rows][None], chunk, gathered
+    )
+    for w, a in zip(whole, apart, strict=True):
+        assert torch.allclose(w[rows, cols], a[0], atol=1e-6)
+    assert masks.gathered(torch.tensor([0]), torch.tensor([0])) is None  # no grammar at the one picked position
+
+
 def test_chunk_size_keeps_a_chunks_logits_under_the_budget() -> None:
     from langgraph_art.train.loss import LOGITS_PER_CHUNK, chunk_tokens
 

@@ -272,17 +272,39 @@ def test_logits_are_computed_only_where_tokens_are_trained(trainer: GRPOTrainer)
         full = token_logprobs(trainer.model(input_ids=ids).logits[:, :-1], ids[:, 1:], temp)[:, first - 1 :]
         assert trainer._keeps_logits
         kept = token_logprobs(trainer._logits(ids, first), ids[:, first:], temp)
-        chunked = trainer._token_logprobs(ids, first, ids[:, first:], temp)[0]  # the step's path: the head in chunks
+        chunked = trainer._token_logprobs(ids, first, ids[:, first:], temp)[0]  # the head in chunks
+        trained = mask[:, first:].bool()
+        only = trainer._token_logprobs(ids, first, ids[:, first:], temp, trained=trained)[0]  # the step's path
         trainer.config = trainer.config.model_copy(update={"logits_chunk_size": 2})
         small_chunks = trainer._token_logprobs(ids, first, ids[:, first:], temp)[0]
+        only_small = trainer._token_logprobs(ids, first, ids[:, first:], temp, trained=trained)[0]
         trainer._keeps_logits = False  # a model without logits_to_keep: full logits, sliced
         sliced = token_logprobs(trainer._logits(ids, first), ids[:, first:], temp)
-    trained = mask[:, first:].bool()
     assert kept.shape == sliced.shape == full.shape == chunked.shape == small_chunks.shape == trained.shape
     assert torch.allclose(kept[trained], full[trained], atol=1e-5)
     assert torch.allclose(sliced[trained], full[trained], atol=1e-6)
     assert torch.allclose(chunked[trained], full[trained], atol=1e-5)
     assert torch.allclose(small_chunks[trained], full[trained], atol=1e-5)
+    for picked in (only, only_small):  # the head on the trained positions alone: the same there, 0 elsewhere
+        assert picked.shape == full.shape and bool((picked[~trained] == 0).all())
+        assert torch.allclose(picked[trained], full[trained], atol=1e-5)
+
+
+def test_micro_batches_keep_a_prompt_s_sequences_together() -> None:
+    """Two groups whose lengths interleave: by length alone each micro-batch would mix them and run no prompt once."""
+    from langgraph_art.train.batches import micro_batches
+    from langgraph_art.train.tokenize import TrainSequence
+
+    def seq(prompt: int, length: int) -> TrainSequence:
+        ids = [prompt] * 5 + [7] * length
+        return TrainSequence(ids, [0] * 5 + [1] * length, [0.0] * (5 + length), [1.0] * (5 + length), 1.0, "t")
+
+    sequences = [seq(p, n) for n in range(1, 7) for p in (1, 2)] + [seq(3, 2)]
+    batches = micro_batches(sequences, 3)
+    assert [[s.input_ids[0] for s in b] for b in batches] == [[1, 1, 1], [1, 1, 1], [2, 2, 2], [2, 2, 2], [3]]
+    assert [len(s) for s in batches[0]] == [6, 7, 8]  # by length inside a prompt's
+    leftovers = micro_batches([seq(p, p) for p in range(1, 6)], 2)  # no prompt fills one: by length, mixed
+    assert [[len(s) for s in b] for b in leftovers] == [[6, 7], [8, 9], [10]]
 
 
 @pytest.mark.parametrize("beta", [0.0, 0.04])

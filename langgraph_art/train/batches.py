@@ -17,8 +17,20 @@ def mean_gap(logprobs: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) -> f
 
 
 def micro_batches(sequences: list[TrainSequence], size: int) -> list[list[TrainSequence]]:
-    ordered = sorted(sequences, key=len)  # similar lengths together: little padding
-    return [ordered[i : i + size] for i in range(0, len(ordered), size)]
+    """Micro-batches of at most ``size`` sequences. Sequences with the same prompt (everything before their first
+    trained token: a GRPO group's) go together, so that the trainer runs that prompt once per micro-batch
+    (``GRPOTrainer._hidden``); what is left over of each prompt's sequences, by length (little padding)."""
+    by_prompt: dict[tuple[int, ...], list[TrainSequence]] = {}
+    for sequence in sorted(sequences, key=len):
+        by_prompt.setdefault(tuple(sequence.input_ids[: first_trained_position([sequence])]), []).append(sequence)
+    batches: list[list[TrainSequence]] = []
+    rest: list[TrainSequence] = []
+    for same in by_prompt.values():
+        whole = len(same) - len(same) % size
+        batches += [same[i : i + size] for i in range(0, whole, size)]
+        rest += same[whole:]
+    rest.sort(key=len)
+    return batches + [rest[i : i + size] for i in range(0, len(rest), size)]
 
 
 def batch_weight(

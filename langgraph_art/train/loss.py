@@ -135,11 +135,25 @@ class GrammarMasks:
         allowed[self.rows[inside], self.cols[inside] - start] = unpack(self.packed[inside], vocab)
         return allowed
 
+    def gathered(self, rows: torch.Tensor, cols: torch.Tensor) -> GrammarMasks | None:
+        """These masks for the positions ``(rows[i], cols[i])`` [N] laid out as one row (column i): what the
+        trainer gives the LM head when it runs on the trained positions only. Masks elsewhere are dropped; None when
+        none is left."""
+        width = int(torch.maximum(self.cols.max(), cols.max())) + 1 if len(cols) else 0
+        where = torch.full((int(max(self.rows.max(), rows.max())) + 1, width), -1, dtype=torch.long)
+        where = where.to(self.rows.device)
+        where[rows, cols] = torch.arange(len(rows), device=rows.device)
+        column = where[self.rows, self.cols]  # [M]: each mask's column among the gathered positions, -1 if none
+        kept = column >= 0
+        if not bool(kept.any()):
+            return None
+        return GrammarMasks(torch.zeros_like(column[kept]), column[kept], self.packed[kept])
+
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
     """log p(target) under ``log_softmax(logits / T)`` — the distribution the sampler drew from.
 
-    logits: [B, T, V] (position t predicts targets[:, t]); targets: [B, T]; temperature: [B] -> [B, T].
+    logits: [B, T, V] (position t predicts targets[:, t]); targets: [B, T]; temperature: [B] or [B, T] -> [B, T].
     """
     return token_logprobs_and_entropy(logits, targets, temperature)[0]
 
@@ -158,7 +172,8 @@ def token_logprobs_and_entropy(
     drew from); without, of the whole vocabulary. ``log_mass``: log of the probability the policy puts on the allowed
     tokens (0 where everything is allowed), ``full - masked`` logprob of the target.
     """
-    scaled = logits.float() / temperature.clamp(min=1e-6).view(-1, 1, 1)  # [B, T, V]
+    temperature = temperature.clamp(min=1e-6)  # [B], or [B, T] for a temperature per position
+    scaled = logits.float() / (temperature.view(-1, 1, 1) if temperature.dim() == 1 else temperature.unsqueeze(-1))
     logp = torch.log_softmax(scaled, dim=-1)  # [B, T, V]
     chosen = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     if allowed is None:
@@ -202,8 +217,8 @@ def chunked_logprobs_and_entropy(
     """``token_logprobs_and_entropy(head(hidden), ...)`` without ever building the whole [B, T, V] logits.
 
     hidden: [B, T, H] final hidden states (position t predicts targets[:, t]); head: hidden -> logits (the LM
-    head); targets: [B, T]; temperature: [B]; masks: where a grammar constrained the targets -> logprobs [B, T]
-    (with grad), entropy [B, T] and log_mass [B, T] (detached).
+    head); targets: [B, T]; temperature: [B] or [B, T]; masks: where a grammar constrained the targets -> logprobs
+    [B, T] (with grad), entropy [B, T] and log_mass [B, T] (detached).
 
     The tokens go through the head ``chunk`` at a time; under autograd each chunk is checkpointed, so its logits are
     freed after the forward and recomputed in backward: peak memory is one chunk's logits, not the sequence's.
@@ -214,7 +229,8 @@ def chunked_logprobs_and_entropy(
     def one(h: torch.Tensor, t: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         logits = head(h)  # [B, c, V]
         allowed = masks.dense(start, start + t.shape[1], rows, logits.shape[-1]) if masks is not None else None
-        return token_logprobs_and_entropy(logits, t, temperature, allowed, mask_logprobs)
+        temp = temperature if temperature.dim() == 1 else temperature[:, start : start + t.shape[1]]
+        return token_logprobs_and_entropy(logits, t, temp, allowed, mask_logprobs)
 
     if width <= chunk:
         return one(hidden, targets, 0)

@@ -26,6 +26,7 @@ import torch
 from langgraph_art.config import GRPOConfig
 from langgraph_art.errors import ConfigError, LangGraphArtError, TrainingAborted
 from langgraph_art.models.loading import (
+    CHECKPOINTING_CPU_BYTES,
     LARGE_MODEL_BYTES,
     cache_argument,
     cache_of,
@@ -81,9 +82,12 @@ class GRPOTrainer:
         checkpoint_dir: str | Path,
         device: str | None = None,
         shared: SharedBase | None = None,
+        chat_template: str | None = None,
     ) -> None:
         """``shared``: an engine's model in this process (``LocalBackend`` passes it when the engine offers it) to
-        train on instead of loading a copy; used when its dtype is the one this config trains in."""
+        train on instead of loading a copy; used when its dtype is the one this config trains in. ``chat_template``:
+        the template the serving engine renders with (turns without prompt ids and SFT examples are rendered with
+        it); a shared model comes with the engine's tokenizer."""
         self.config = config or GRPOConfig()
         self.checkpoint_dir = Path(checkpoint_dir)
         dtype = train_dtype(self.config, device)
@@ -95,7 +99,7 @@ class GRPOTrainer:
             )
             shared = None
         if shared is None:
-            base, self.tokenizer = load_causal_lm(base_model, device=device, dtype=dtype)
+            base, self.tokenizer = load_causal_lm(base_model, device=device, dtype=dtype, chat_template=chat_template)
             self._lora = HookedLora(base)
         else:
             base, self.tokenizer, self._lora = shared.model, shared.tokenizer, shared.lora
@@ -120,6 +124,10 @@ class GRPOTrainer:
     def _setup(self, base: Any) -> None:
         self.device = base.device
         self._large = weight_bytes(base) >= LARGE_MODEL_BYTES
+        # gradient checkpointing by default: from LARGE_MODEL_BYTES on a GPU, whose memory is what limits; on CPU from
+        # CHECKPOINTING_CPU_BYTES (see there): below, the shared-prompt forward it rules out is worth more
+        cpu = base.device.type == "cpu"
+        self._checkpoint_by_default = weight_bytes(base) >= (CHECKPOINTING_CPU_BYTES if cpu else LARGE_MODEL_BYTES)
         if self._large and base.device.type == "cpu":
             return_large_buffers()  # activation temporaries would otherwise pile up in the heap (see there)
         self._keeps_logits = "logits_to_keep" in inspect.signature(base.forward).parameters
@@ -163,10 +171,11 @@ class GRPOTrainer:
             group["lr"], group["weight_decay"] = config.learning_rate, config.weight_decay
 
     def _checkpointing(self) -> bool:
-        """``gradient_checkpointing``, where None means: on for models of ``LARGE_MODEL_BYTES`` and more."""
+        """``gradient_checkpointing``, where None means: on for models of ``LARGE_MODEL_BYTES`` and more on a GPU,
+        ``CHECKPOINTING_CPU_BYTES`` and more on CPU."""
         if self.config.gradient_checkpointing is not None:
             return self.config.gradient_checkpointing
-        return self._large
+        return self._checkpoint_by_default
 
     def _set_checkpointing(self, on: bool) -> None:
         """Gradient checkpointing on the model as this trainer's config says (set at each turn: on shared weights
@@ -260,8 +269,9 @@ class GRPOTrainer:
         first = first_trained_position(batch)  # nothing before it is trained: no logits needed there
         targets, mask, old, adv = ids[:, first:], mask[:, first:], old[:, first:], adv[:, first:]
         masks = batch_grammar_masks(batch, first, self.device)  # where a grammar constrained the sampler
-        logprobs, token_entropy, log_mass = self._token_logprobs(ids, first, targets, temp, masks)  # [B, T-first]
-        ref = self._reference_logprobs(ids, first, targets, temp, masks) if cfg.beta else None
+        trained = mask.bool()
+        logprobs, token_entropy, log_mass = self._token_logprobs(ids, first, targets, temp, masks, trained=trained)
+        ref = self._reference_logprobs(ids, first, targets, temp, masks, trained) if cfg.beta else None
         loss, stats = policy_loss(
             logprobs,
             old,
@@ -350,19 +360,32 @@ class GRPOTrainer:
         temp: torch.Tensor,
         masks: GrammarMasks | None = None,
         share_prefix: bool = True,
+        trained: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Logprobs (with grad), entropy and log_mass (detached) [B, T-first] of ``targets`` = ``ids[:, first:]``
         (under the grammar's mask where ``masks`` says, ``constrained_logprobs``). The LM head runs only on positions
-        ``first-1 .. T-2`` and in chunks (``logits_chunk_size``): no [B, T, V] logits, which for a 150k vocabulary
-        and 8k tokens would be ~5 GB per sequence in float32."""
+        ``first-1 .. T-2``, and with ``trained`` [B, T-first] (bool) only on those positions (0 elsewhere): not on
+        padding, prompts in between or tool results. In chunks (``logits_chunk_size``): no [B, T, V] logits, which
+        for a 150k vocabulary and 8k tokens would be ~5 GB per sequence in float32."""
         apply = self.config.constrained_logprobs == "masked"
         if self._body is None or self._head is None:  # a model that post-processes its logits: the whole forward
             logits = self._logits(ids, first)  # [B, T-first, V]
             allowed = masks.dense(0, targets.shape[1], targets.shape[0], logits.shape[-1]) if masks else None
             return token_logprobs_and_entropy(logits, targets, temp, allowed, apply)
         hidden = self._hidden(ids, first, share_prefix)  # [B, T-first, H]: position t predicts token t+1
-        chunk = chunk_tokens(ids.shape[0], self._head.out_features, self.config.logits_chunk_size)
-        return chunked_logprobs_and_entropy(hidden, self._head, targets, temp, chunk, masks, apply)
+        if trained is None:
+            chunk = chunk_tokens(ids.shape[0], self._head.out_features, self.config.logits_chunk_size)
+            return chunked_logprobs_and_entropy(hidden, self._head, targets, temp, chunk, masks, apply)
+        rows, cols = trained.nonzero(as_tuple=True)  # the N trained positions, as one row: [1, N, ...]
+        chunk = chunk_tokens(1, self._head.out_features, self.config.logits_chunk_size)
+        picked = masks.gathered(rows, cols) if masks is not None else None
+        out = chunked_logprobs_and_entropy(
+            hidden[rows, cols][None], self._head, targets[rows, cols][None], temp[rows][None], chunk, picked, apply
+        )
+        return tuple(  # type: ignore[return-value]
+            torch.zeros(targets.shape, dtype=part.dtype, device=part.device).index_put((rows, cols), part[0])
+            for part in out
+        )
 
     def _hidden(self, ids: torch.Tensor, first: int, share_prefix: bool = True) -> torch.Tensor:
         """The final hidden states of positions ``first-1 .. T-2`` (those predicting tokens ``first .. T-1``). No
@@ -399,9 +422,10 @@ class GRPOTrainer:
         targets: torch.Tensor,
         temp: torch.Tensor,
         masks: GrammarMasks | None = None,
+        trained: torch.Tensor | None = None,
     ) -> Any:
         with self._lora.active(None):  # the base model is the KL reference, under the same masks
-            return self._token_logprobs(ids, first, targets, temp, masks)[0]
+            return self._token_logprobs(ids, first, targets, temp, masks, trained=trained)[0]
 
     # -- checkpoints -----------------------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
