@@ -181,6 +181,38 @@ async def test_fast_merged_engine_samples_what_transformers_and_peft_sample(
     assert served_by_peft == {"dora@1", "head@1"}
 
 
+async def test_prompts_prefilled_apart_with_their_common_beginning_once_sample_the_same(
+    engines: tuple[HFEngine, HFEngine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Large batches of distinct prompts are prefilled prompt by prompt, their common beginning (here the system
+    turn with the tool list) once: seeded samples as the transformers path gives, logprobs within 1e-4, also for
+    rows that join a running batch and with a merged adapter."""
+    from langgraph_art.serve.engines import steps
+
+    monkeypatch.setattr(steps, "APART_PREFILL_WORK", 0)  # the tiny model's batches are below the real threshold
+    calls: list[int] = []
+    forward = steps.FastSteps._forward_from
+    monkeypatch.setattr(
+        steps.FastSteps, "_forward_from", lambda self, t, *a: calls.append(len(t)) or forward(self, t, *a)
+    )
+    fast, plain = engines
+    ids = prompts(fast)
+    common = steps.common_prefix([torch.tensor(p) for p in ids], min(map(len, ids)) - 1)
+    assert common >= steps.MIN_SHARED_PROMPT
+    requests = [
+        GenerationRequest(p, SamplingParams(temperature=1.0, max_tokens=10, n=2, seed=11 + i), adapter=adapter)
+        for adapter in (None, "a@1")
+        for i, p in enumerate(ids)
+    ]
+    got = await asyncio.gather(*(fast.generate(copy.deepcopy(r)) for r in requests))
+    want = await asyncio.gather(*(plain.generate(copy.deepcopy(r)) for r in requests))
+    for result, expected in zip(got, want, strict=True):
+        for sample, reference in zip(result.samples, expected.samples, strict=True):
+            assert sample.token_ids == reference.token_ids
+            assert max(abs(a - b) for a, b in zip(sample.logprobs, reference.logprobs, strict=True)) < 1e-4
+    assert common in calls and {len(p) - common for p in ids} <= set(calls)  # the beginning once, then each rest
+
+
 async def test_switching_adapters_leaves_the_base_weights_bit_identical(
     engines: tuple[HFEngine, HFEngine], tiny_path: Path
 ) -> None:

@@ -60,20 +60,32 @@ class FastCache:
     def extend(self, other: FastCache) -> None:
         """Append ``other``'s rows after these, both right-aligned at the longer length (zeros on the left, marked
         invalid), so every row's next token goes in the same column again."""
-        length = max(self.length, other.length)
-        capacity = length + max(self.valid.shape[1] - self.length, other.valid.shape[1] - other.length, 1)
-        rows = self.valid.shape[0] + other.valid.shape[0]
-        shape = (self.keys.shape[0], rows, self.keys.shape[2], capacity, self.keys.shape[4])
-        keys, values = self.keys.new_zeros(shape), self.values.new_zeros(shape)
-        valid = self.valid.new_zeros((rows, capacity))
+        both = FastCache.stacked([self, other])
+        self.keys, self.values, self.valid, self.length = both.keys, both.values, both.valid, both.length
+
+    @classmethod
+    def stacked(cls, parts: list[FastCache]) -> FastCache:
+        """The rows of ``parts`` one after the other, right-aligned at the longest length (zeros on the left, marked
+        invalid), with the largest room any part had left (at least one column)."""
+        length = max(part.length for part in parts)
+        capacity = length + max(1, *(part.valid.shape[1] - part.length for part in parts))
+        rows = sum(part.valid.shape[0] for part in parts)
+        first = parts[0]
+        shape = (first.keys.shape[0], rows, first.keys.shape[2], capacity, first.keys.shape[4])
+        keys, values = first.keys.new_zeros(shape), first.values.new_zeros(shape)
+        valid = first.valid.new_zeros((rows, capacity))
         row = 0
-        for part in (self, other):
+        for part in parts:
             n, shift = part.valid.shape[0], length - part.length
             keys[:, row : row + n, :, shift:length] = part.keys[:, :, :, : part.length]
             values[:, row : row + n, :, shift:length] = part.values[:, :, :, : part.length]
             valid[row : row + n, shift:length] = part.valid[:, : part.length]
             row += n
-        self.keys, self.values, self.valid, self.length = keys, values, valid, length
+        return cls(keys, values, valid, length)
+
+    def copy(self) -> FastCache:
+        """An independent copy (same capacity); writing into either leaves the other as it was."""
+        return FastCache(self.keys.clone(), self.values.clone(), self.valid.clone(), self.length)
 
     def reserve(self, columns: int) -> None:
         """Room for ``columns`` columns. The cache doubles (keeping what is written) when it runs out, so a

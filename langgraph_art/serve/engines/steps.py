@@ -20,6 +20,12 @@ from langgraph_art.models.loading import cache_of
 from langgraph_art.serve.engines.fast import FastCache, FastLM, FastLora
 from langgraph_art.serve.engines.prefill import Prefill
 
+# FastSteps.prefill: a batch of distinct prompts whose padded forward would be at least this large (rows x width x
+# hidden) is prefilled prompt by prompt instead (``_prefill_apart``); below, the one padded forward costs less than the
+# calls. SmolLM2-135M, 16 BFCL prompts of 225-376 tokens: 19.5 s apart against 30.8 s padded, one thread.
+APART_PREFILL_WORK = 2**20
+MIN_SHARED_PROMPT = 16  # tokens: a shorter common beginning is prefilled with each prompt
+
 
 class Steps(Protocol):
     device: torch.device
@@ -103,14 +109,45 @@ class FastSteps:
 
     def prefill(self, batch: Prefill) -> torch.Tensor:
         rows, width = batch.input_ids.shape
-        self.cache = cache = self.fast.new_cache(rows, width + min(self.max_new, 256))  # grows if needed
-        logits = self.fast.forward(batch.input_ids, batch.positions, batch.mask.bool(), cache, self.lora)  # [U, V]
+        room = min(self.max_new, 256)  # the cache grows past it if needed
+        if rows == 1 or rows * width * self.fast.embed.shape[1] < APART_PREFILL_WORK:
+            cache = self.fast.new_cache(rows, width + room)
+            logits = self.fast.forward(batch.input_ids, batch.positions, batch.mask.bool(), cache, self.lora)
+        else:
+            logits, cache = self._prefill_apart(batch, room)
+        self.cache = cache
         self.next_pos = batch.positions[:, -1:] + 1  # [U, 1]
         if batch.shared:
             index = torch.tensor(batch.source, device=logits.device)
             cache.select(index)
             logits, self.next_pos = logits[index], self.next_pos[index]
         return logits
+
+    def _prefill_apart(self, batch: Prefill, room: int) -> tuple[torch.Tensor, FastCache]:
+        """Each distinct prompt through its own forward (no padding: nothing computed for it, no attention mask to
+        build), their common beginning (the system prompt, the tool list: BFCL's prompts share ~60 tokens) once,
+        its cache copied into each. Logits [U, V] and the prompts' caches, right-aligned as one batch."""
+        width = batch.input_ids.shape[1]
+        lengths = [int(n) for n in batch.mask.sum(-1)]
+        prompts = [batch.input_ids[u, width - n :] for u, n in enumerate(lengths)]  # [n_u] each
+        common = common_prefix(prompts, min(lengths) - 1)  # each prompt keeps a token of its own: its logits
+        head = None
+        if common >= MIN_SHARED_PROMPT:
+            head = self.fast.new_cache(1, max(lengths) + room)
+            self._forward_from(prompts[0][:common], 0, head)
+        logits, caches = [], []
+        for prompt in prompts:
+            start = common if head is not None else 0
+            cache = head.copy() if head is not None else self.fast.new_cache(1, len(prompt) + room)
+            logits.append(self._forward_from(prompt[start:], start, cache))  # [1, V]
+            caches.append(cache)
+        return torch.cat(logits), FastCache.stacked(caches)
+
+    def _forward_from(self, tokens: torch.Tensor, start: int, cache: FastCache) -> torch.Tensor:
+        """One row's ``tokens`` [T] at positions ``start..``, after the ``start`` columns ``cache`` holds."""
+        positions = torch.arange(start, start + len(tokens), device=tokens.device)[None]
+        valid = torch.ones((1, len(tokens)), dtype=torch.bool, device=tokens.device)
+        return self.fast.forward(tokens[None], positions, valid, cache, self.lora)  # [1, V]
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor:
         assert self.cache is not None, "prefill first"
@@ -132,6 +169,17 @@ class FastSteps:
         self.cache.extend(new.cache)
         self.next_pos = torch.cat([self.next_pos, new.next_pos])
         return logits
+
+
+def common_prefix(prompts: list[torch.Tensor], limit: int) -> int:
+    """How many leading tokens (at most ``limit``) every prompt [n] starts with."""
+    if limit <= 0:
+        return 0
+    first = prompts[0][:limit]
+    same = torch.ones(len(first), dtype=torch.bool, device=first.device)
+    for prompt in prompts[1:]:
+        same &= prompt[:limit] == first
+    return int(same.long().cumprod(0).sum())
 
 
 def _left_pad(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:
