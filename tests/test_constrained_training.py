@@ -95,7 +95,9 @@ def test_replayed_masks_allow_every_sampled_token(turns: list[Turn], tokenizer) 
     runs = group_of(turns).trajectories
     sequences = build_sequences(runs, Advantages(by_trajectory={r.id: 1.0 for r in runs}), tokenizer)
     grammars = Grammars(tokenizer)
-    assert replay_grammars(sequences, grammars) == 0
+    trained = sum(sum(s.mask) for s in sequences)
+    mismatched, forced = replay_grammars(sequences, grammars)
+    assert mismatched == 0 and 0 < forced == trained - sum(sum(s.mask) for s in sequences)  # '{"destination": "' ...
     first = min(s.mask.index(1) for s in sequences)
     masks = batch_grammar_masks(sequences, first, "cpu")
     assert masks is not None and len(masks.rows) == sum(len(t.token_ids) for t in turns)
@@ -105,7 +107,21 @@ def test_replayed_masks_allow_every_sampled_token(turns: list[Turn], tokenizer) 
 
     foreign = sequences[0]
     foreign.grammars = [(foreign.grammars[0][0], foreign.grammars[0][1], 'start: x\nx: %json {"type": "integer"}\n')]
-    assert replay_grammars([foreign], grammars) == 1 and foreign.allowed == []
+    assert replay_grammars([foreign], grammars) == (1, 0) and foreign.allowed == []
+
+
+def test_tokens_the_grammar_forced_are_the_ones_the_engine_fed_at_once(turns: list[Turn], tokenizer) -> None:
+    """The HF engine feeds the text a grammar forces (jump-forward) with logprob 0; the replay finds exactly those
+    tokens, and they stay context: no choice was made there."""
+    from langgraph_art.models.grammar import Grammars
+
+    grammars = Grammars(tokenizer)
+    for turn in turns:
+        assert turn.grammar is not None
+        replay = grammars.replay(turn.grammar, turn.token_ids)
+        assert replay is not None and any(replay.forced) and not replay.forced[0]  # the first token is sampled
+        for forced, logprob in zip(replay.forced, turn.logprobs, strict=True):
+            assert logprob == 0.0 if forced else logprob <= 0.0
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -118,16 +134,18 @@ def test_masked_logprobs_are_the_samplers_so_the_ratio_starts_at_one(
     assert result.updated
     assert metrics["train/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
     assert metrics["train/sampler_logprob_gap"] < 1e-4
-    assert metrics["train/grammar/tokens"] == sum(len(t.token_ids) - t.closing_tokens for t in turns)
+    forced = metrics["train/grammar/forced_tokens"]
+    assert metrics["train/grammar/tokens"] == sum(len(t.token_ids) - t.closing_tokens for t in turns) - forced > 0
     assert 0 < metrics["train/grammar/mass"] < 1 and metrics["train/grammar/mismatched_turns"] == 0
 
 
 def test_unmasked_the_ratio_starts_at_the_mass_inside_the_mask(turns: list[Turn], tiny_path: Path, tmp_path: Path):
     """pi(a) / (pi(a) / Z) = Z: against the sampler's masked logprob, the unmasked ratio of each token before any
-    update is exactly the probability the policy put inside the mask there, mostly far below 1 - epsilon."""
+    update is exactly the probability the policy put inside the mask there, mostly far below 1 - epsilon (on the
+    tokens sampled; those the grammar forced are fed by jump-forward and not trained)."""
     metrics = trainer_for(tiny_path, tmp_path, constrained_logprobs="unmasked").step([group_of(turns)]).metrics
     assert metrics["train/ratio_mean"] == pytest.approx(metrics["train/grammar/mass"], rel=1e-3)
-    assert metrics["train/ratio_mean"] < 0.5 and metrics["train/clip_fraction"] > 0.2
+    assert metrics["train/ratio_mean"] < 0.7 and metrics["train/clip_fraction"] > 0.2  # 1 - epsilon is 0.8
     assert metrics["train/sampler_logprob_gap"] > 0.5
 
 
@@ -138,7 +156,8 @@ def test_a_turn_its_grammar_does_not_allow_trains_unmasked_and_is_counted(
     wrong = turns[0].model_copy(update={"grammar": f"start: x\nx: %json {json.dumps(other)}\n"})
     metrics = trainer_for(tiny_path, tmp_path).step([group_of([wrong, *turns[1:]])]).metrics
     assert metrics["train/grammar/mismatched_turns"] == 1
-    assert metrics["train/grammar/tokens"] == sum(len(t.token_ids) - t.closing_tokens for t in turns[1:])
+    expected = sum(len(t.token_ids) - t.closing_tokens for t in turns[1:]) - metrics["train/grammar/forced_tokens"]
+    assert metrics["train/grammar/tokens"] == expected
 
 
 def test_turns_keep_their_grammar_through_json(turns: list[Turn]) -> None:

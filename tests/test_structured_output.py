@@ -189,9 +189,9 @@ def test_replay_gives_the_masks_and_refuses_a_token_the_grammar_forbids(grammars
 
     grammar = f"start: answer\nanswer: %json {json.dumps(strict_schema(JOKE))}\n"
     ids = [*tokenizer.encode('{"setup": "x", "punchline": "y"}', add_special_tokens=False), grammars.eos]
-    packed = grammars.replay(grammar, ids)
-    assert packed is not None and packed.shape == (len(ids), grammars.words)
-    allowed = unpack(packed, grammars.vocab_size)
+    replay = grammars.replay(grammar, ids)
+    assert replay is not None and replay.packed.shape == (len(ids), grammars.words)
+    allowed = unpack(replay.packed, grammars.vocab_size)
     assert all(allowed[i, token] for i, token in enumerate(ids))
     opening = tokenizer.convert_tokens_to_ids(["{", '{"'])  # the only ways to begin (a key must follow)
     assert allowed[0].nonzero().flatten().tolist() == sorted(opening)

@@ -142,10 +142,10 @@ def test_structured_output_on_cuda_replays_and_its_logprobs_are_masked(model: Pa
         result = server.run(engine.generate(request))
         grammars = engine.grammars()
     for sample in result.samples:
-        packed = grammars.replay(grammar, sample.token_ids)
-        assert packed is not None
+        replay = grammars.replay(grammar, sample.token_ids)
+        assert replay is not None
         with torch.no_grad():
             logits = reference(torch.tensor([ids + sample.token_ids])).logits[:, len(ids) - 1 : -1]
-        allowed = unpack(packed, grammars.vocab_size)[None, :, : logits.shape[-1]]
+        allowed = unpack(replay.packed, grammars.vocab_size)[None, :, : logits.shape[-1]]
         want = token_logprobs_and_entropy(logits, torch.tensor([sample.token_ids]), torch.ones(1), allowed)[0][0]
         assert max_gap(want.tolist(), sample.logprobs) < 0.1 and abs(sample.logprobs[0]) < 1e-3

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,6 +28,15 @@ OPENERS = (' "', '"', " [", "[", " {", "{")
 MAX_BACKTRACK = 128  # tokens ``close`` may give back to fit a closing into the budget
 MAX_CLOSING = 128  # tokens a closing may take (both bound ``close``'s work: at most ~16k masks, well under a second)
 _BITS = torch.arange(32, dtype=torch.int32)
+
+
+@dataclass(frozen=True)
+class Replay:
+    """A sample replayed over its grammar: the mask before each token (``packed`` [n, W]) and whether the grammar
+    forced the token (``forced`` [n]: fed by jump-forward, no choice made; context, never trained on)."""
+
+    packed: torch.Tensor
+    forced: list[bool]
 
 
 class Grammars:
@@ -91,18 +101,28 @@ class Grammars:
         """Each matcher's next-token mask: [len(matchers), V] bool."""
         return unpack(self.packed(matchers), self.vocab_size)
 
-    def replay(self, grammar: str, token_ids: Sequence[int]) -> torch.Tensor | None:
-        """The packed mask before each of ``token_ids`` [n, W], as the sampler had it; None when a token is not
-        allowed where it stands (the turn was not sampled under this grammar, or with another tokenizer)."""
+    def replay(self, grammar: str, token_ids: Sequence[int]) -> Replay | None:
+        """The packed mask before each of ``token_ids`` [n, W], as the sampler had it, and which tokens the grammar
+        forced (jump-forward, ``serve/engines/batch.py``): after each sampled token, the text the grammar then forces
+        as llguidance tokenizes it, where the ids go on with it. None when a token is not allowed where it stands
+        (the turn was not sampled under this grammar, or with another tokenizer)."""
         matcher = self.matcher(grammar)
         out = torch.empty((len(token_ids), self.words), dtype=torch.int32)
+        forced = [False] * len(token_ids)
         for i, token in enumerate(token_ids):
             matcher.unsafe_compute_mask_ptr(out[i].data_ptr(), self.words * 4)
             if token >= self.vocab_size or not (int(out[i, token // 32]) >> (token % 32)) & 1:
                 return None
             if not matcher.consume_token(token):
                 return None
-        return out
+            if not forced[i] and not matcher.is_stopped():  # a sampled token: the engine jumped forward after it
+                run = matcher.compute_ff_tokens()
+                same = 0
+                while same < len(run) and i + 1 + same < len(token_ids) and token_ids[i + 1 + same] == run[same]:
+                    same += 1
+                if run and (same == len(run) or i + 1 + same == len(token_ids)):  # all of it, or cut by the budget
+                    forced[i + 1 : i + 1 + same] = [True] * same
+        return Replay(out, forced)
 
     # -- closing a structure the budget cut short --------------------------------------------------------------
     def close(self, grammar: str, token_ids: Sequence[int], budget: int) -> tuple[int, list[int]] | None:

@@ -27,22 +27,26 @@ from langgraph_art.train.tokenize import TrainSequence
 log = logging.getLogger(__name__)
 
 
-def replay_grammars(sequences: Sequence[TrainSequence], grammars: Any) -> int:
-    """Fill each sequence's ``allowed`` with the masks of its constrained turns; returns how many turns did not
-    replay (trained unmasked)."""
-    mismatched = 0
+def replay_grammars(sequences: Sequence[TrainSequence], grammars: Any) -> tuple[int, int]:
+    """Fill each sequence's ``allowed`` with the masks of its constrained turns and take the tokens their grammar
+    forced (jump-forward: no choice, logprob 0) out of the loss mask. Returns how many turns did not replay
+    (trained unmasked) and how many forced tokens were taken out."""
+    mismatched = forced = 0
     for sequence in sequences:
         sequence.allowed = []
         for start, length, grammar in sequence.grammars:
             ids = sequence.input_ids[start : start + length]  # fewer when max_length cut the sequence there
-            packed = grammars.replay(grammar, ids) if ids else None
-            if packed is None:
+            replay = grammars.replay(grammar, ids) if ids else None
+            if replay is None:
                 mismatched += bool(ids)
                 continue
-            sequence.allowed.append((start, packed))
+            sequence.allowed.append((start, replay.packed))
+            for offset in (i for i, yes in enumerate(replay.forced) if yes):
+                forced += sequence.mask[start + offset]
+                sequence.mask[start + offset] = 0
     if mismatched:
         log.warning("%d constrained turn(s) do not follow their grammar here: trained without the mask", mismatched)
-    return mismatched
+    return mismatched, forced
 
 
 def batch_grammar_masks(batch: Sequence[TrainSequence], first: int, device: Any) -> GrammarMasks | None:

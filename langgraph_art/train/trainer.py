@@ -205,7 +205,10 @@ class GRPOTrainer:
         sequences = build_sequences(
             runs, advantages, self.tokenizer, nodes=cfg.trainable_nodes, max_length=cfg.max_length, report=report
         )
-        mismatched = replay_grammars(sequences, self.grammars()) if any(s.grammars for s in sequences) else 0
+        mismatched, forced = (
+            replay_grammars(sequences, self.grammars()) if any(s.grammars for s in sequences) else (0, 0)
+        )
+        sequences = [s for s in sequences if any(s.mask)]  # a turn the grammar forced entirely teaches nothing
         if not sequences:
             return StepResult(
                 self.step_count,
@@ -258,6 +261,7 @@ class GRPOTrainer:
         if constrained:  # structured output: how much of the policy's probability its grammars kept (1: all)
             metrics.update({"train/grammar/tokens": constrained, "train/grammar/mass": mass / constrained})
             metrics["train/grammar/mismatched_turns"] = float(mismatched)
+            metrics["train/grammar/forced_tokens"] = float(forced)  # fed by jump-forward: context, not trained
         return StepResult(self.step_count, True, metrics, report.skipped, advantages=dict(advantages.by_trajectory))
 
     def _backward(

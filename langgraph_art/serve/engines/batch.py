@@ -11,6 +11,13 @@ agent loops, whose calls arrive staggered, keep the batch full.
 Rows of a request with a ``grammar`` carry an llguidance matcher: before sampling, their logits outside the
 grammar's next-token mask are set to -inf (so the token and its logprob come from the masked distribution), and
 the sampled token advances the matcher. Other rows pay nothing.
+
+Jump-forward: where the grammar then forces text (a tool call's markers, its name, the JSON keys and punctuation:
+~80% of the tokens of a BFCL call), the row takes those tokens at once, as the text's canonical tokenization
+(llguidance's ``compute_ff_tokens``), each with logprob 0 and never trained on (the trainer finds them the same way,
+``Grammars.replay``), and the next forward feeds them together: one decode step where there were a dozen. Rows of
+one step feed different numbers of tokens; the shorter are padded on the left (cache columns marked invalid).
+Engines whose steps feed one token per row (``Steps.can_jump`` False) sample every token.
 """
 
 from __future__ import annotations
@@ -125,17 +132,22 @@ class RunningBatch:
         want_top = max(r.job.request.params.top_logprobs for r in rows)
         top_values, top_ids = sampling.top_logprobs(logprobs, want_top)  # [B, k] each
         token_list = tokens.tolist()
+        forced: dict[int, list[int]] = {}  # row -> the tokens its grammar forces after the sampled one
         for b in constrained:
-            rows[b].matcher.consume_token(token_list[b])
+            matcher, row = rows[b].matcher, rows[b]
+            matcher.consume_token(token_list[b])
+            room = row.job.max_new - len(row.token_ids) - 1
+            if self.steps.can_jump and room > 0 and not (matcher.is_stopped() or matcher.is_error()):
+                run = matcher.compute_ff_tokens()[:room]
+                if run and matcher.consume_tokens(run):
+                    forced[b] = run
         keep: list[int] = []
         for b, row in enumerate(rows):
             k = row.job.request.params.top_logprobs
             top = sampling.finite_top(top_ids[b, :k].tolist(), top_values[b, :k].tolist()) if k else []
-            row.token_ids.append(token_list[b])
-            row.logprobs.append(chosen[b])
-            row.top.append(top)
-            if row.job.streaming:
-                row.job.post(TokenEvent(row.index, token_list[b], chosen[b], top))
+            self._record(row, token_list[b], chosen[b], top)
+            for token in forced.get(b, ()):  # no choice was made: probability 1 under the grammar's mask
+                self._record(row, token, 0.0, [(token, 0.0)] if k else [])
             if not self.finish(row):
                 keep.append(b)
         if not keep:
@@ -146,7 +158,18 @@ class RunningBatch:
             self.steps.select(index)
             tokens, self.temps, self.top_ps = tokens[index], self.temps[index], self.top_ps[index]
             self.rows = [rows[b] for b in keep]
-        self.logits = self.steps.decode(tokens)
+        if any(b in forced for b in keep):
+            self.logits = self.steps.decode_many([[token_list[b], *forced.get(b, ())] for b in keep])
+        else:
+            self.logits = self.steps.decode(tokens)
+
+    @staticmethod
+    def _record(row: Row, token: int, logprob: float, top: list[tuple[int, float]]) -> None:
+        row.token_ids.append(token)
+        row.logprobs.append(logprob)
+        row.top.append(top)
+        if row.job.streaming:
+            row.job.post(TokenEvent(row.index, token, logprob, top))
 
     def _allowed(self, constrained: list[int]) -> torch.Tensor:
         """Which tokens each row may sample next [B, V]: everything, except in the rows ``constrained``, whose grammar

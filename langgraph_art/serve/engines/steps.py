@@ -30,10 +30,13 @@ MIN_SHARED_PROMPT = 16  # tokens: a shorter common beginning is prefilled with e
 class Steps(Protocol):
     device: torch.device
     can_join: bool  # False: no rows can be appended while decoding (then batch after batch)
+    can_jump: bool  # True: ``decode_many`` feeds several tokens per row (grammar-forced runs, ``batch.py``)
 
     def prefill(self, batch: Prefill) -> torch.Tensor: ...  # [B, V]
 
     def decode(self, tokens: torch.Tensor) -> torch.Tensor: ...  # [B] -> [B, V]
+
+    def decode_many(self, tokens: list[list[int]]) -> torch.Tensor: ...  # one or more tokens per row -> [B, V]
 
     def select(self, index: torch.Tensor) -> None: ...  # keep rows ``index`` [B']
 
@@ -41,6 +44,8 @@ class Steps(Protocol):
 
 
 class HFSteps:
+    can_jump = False
+
     def __init__(self, model: Any, cache_kwarg: str) -> None:
         self.model, self.cache_kwarg = model, cache_kwarg
         self.device = model.device
@@ -81,6 +86,9 @@ class HFSteps:
         self.cache, self.next_pos = cache_of(out), self.next_pos + 1
         return out.logits[:, -1, :]
 
+    def decode_many(self, tokens: list[list[int]]) -> torch.Tensor:
+        raise NotImplementedError("HFSteps feeds one token per row (can_jump is False)")
+
     def select(self, index: torch.Tensor) -> None:
         self.cache.batch_select_indices(index)
         self.mask, self.next_pos = self.mask[index], self.next_pos[index]
@@ -100,6 +108,7 @@ class HFSteps:
 
 class FastSteps:
     can_join = True
+    can_jump = True
 
     def __init__(self, fast: FastLM, max_new: int, lora: FastLora | None = None) -> None:
         self.fast, self.max_new, self.lora = fast, max_new, lora
@@ -154,6 +163,24 @@ class FastSteps:
         valid = torch.ones_like(tokens, dtype=torch.bool).unsqueeze(-1)
         logits = self.fast.forward(tokens.unsqueeze(-1), self.next_pos, valid, self.cache, self.lora)
         self.next_pos = self.next_pos + 1
+        return logits
+
+    def decode_many(self, tokens: list[list[int]]) -> torch.Tensor:
+        """Feed each row its tokens (one or more) in one forward: [B, W] with the shorter rows padded on the left (the
+        columns marked invalid in the cache, never attended to). Logits after each row's last token [B, V]."""
+        assert self.cache is not None, "prefill first"
+        rows, width = len(tokens), max(len(row) for row in tokens)
+        ids = torch.zeros((rows, width), dtype=torch.long)
+        valid = torch.zeros((rows, width), dtype=torch.bool)
+        count = torch.tensor([len(row) for row in tokens])  # [B]
+        for b, row in enumerate(tokens):
+            ids[b, width - len(row) :] = torch.tensor(row)
+            valid[b, width - len(row) :] = True
+        ids, valid, count = ids.to(self.device), valid.to(self.device), count.to(self.device)
+        offsets = torch.arange(width, device=self.device) - (width - count[:, None])  # [B, W]: 0.. on real tokens
+        positions = self.next_pos + offsets.clamp(min=0)  # padding: the row's next position (masked anyway)
+        logits = self.fast.forward(ids, positions, valid, self.cache, self.lora)
+        self.next_pos = self.next_pos + count[:, None]
         return logits
 
     def select(self, index: torch.Tensor) -> None:
