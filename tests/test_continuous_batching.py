@@ -161,6 +161,21 @@ def test_a_joined_cache_is_right_aligned_and_its_unused_columns_go() -> None:
     assert running.length == 3 and running.valid[:, :3].all() and running.keys[0, :, 0, :3].eq(1.0).all()
 
 
+def test_rows_that_leave_are_dropped_in_place() -> None:
+    """Finished rows leave without a copy of the whole cache: the rows after them move up, the buffer stays."""
+    keys = torch.arange(4.0).view(1, 4, 1, 1, 1).expand(1, 4, 1, 6, 2).clone()  # row b holds b everywhere
+    valid = torch.zeros((4, 6), dtype=torch.bool)
+    valid[:, :3] = True
+    running = FastCache(keys=keys, values=keys.clone(), valid=valid, length=3)
+    storage = running.keys.untyped_storage().data_ptr()
+    running.select(torch.tensor([0, 2, 3]))
+    assert running.keys.untyped_storage().data_ptr() == storage and running.keys.shape[1] == 3
+    assert [float(running.keys[0, b, 0, 0, 0]) for b in range(3)] == [0.0, 2.0, 3.0] and running.length == 3
+    assert running.valid[:, :3].all()
+    running.select(torch.tensor([1, 1]))  # repeats (n > 1 from one prefill): copied as before
+    assert [float(running.keys[0, b, 0, 0, 0]) for b in range(2)] == [2.0, 2.0]
+
+
 async def test_a_failed_join_fails_every_request_in_the_batch_and_the_engine_goes_on(
     engine: HFEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -48,14 +48,30 @@ class FastCache:
     def select(self, index: torch.Tensor) -> None:
         """Keep (or repeat) the rows ``index`` [B'] in this order; leading columns no kept row uses are dropped
         (rows that joined a running batch are padded on the left, and the rows that forced that padding may
-        have left)."""
+        have left). Rows leaving a batch (``index`` increasing) are dropped in place instead: the rows after a
+        gap move up, only their written columns are copied, and the buffers stay (a copy of the whole cache,
+        its room included, took ~0.3 s per finished row on SmolLM2 at batch 32)."""
+        kept = index.tolist()
         valid = self.valid.index_select(0, index)
         used = valid[:, : self.length].any(0).nonzero()
         start = int(used[0]) if len(used) else 0
+        if start == 0 and all(b > a for a, b in zip(kept, kept[1:], strict=False)):
+            self._keep_in_place(kept)
+            return
         self.keys = self.keys[:, :, :, start:].index_select(1, index)
         self.values = self.values[:, :, :, start:].index_select(1, index)
         self.valid = valid[:, start:]
         self.length -= start
+
+    @torch.inference_mode()  # the buffers may have been grown inside a forward: inference tensors
+    def _keep_in_place(self, kept: list[int]) -> None:
+        for target, source in enumerate(kept):
+            if target != source:
+                self.keys[:, target, :, : self.length] = self.keys[:, source, :, : self.length]
+                self.values[:, target, :, : self.length] = self.values[:, source, :, : self.length]
+                self.valid[target] = self.valid[source]
+        rows = len(kept)
+        self.keys, self.values, self.valid = self.keys[:, :rows], self.values[:, :rows], self.valid[:rows]
 
     def extend(self, other: FastCache) -> None:
         """Append ``other``'s rows after these, both right-aligned at the longer length (zeros on the left, marked
