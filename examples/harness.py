@@ -32,7 +32,11 @@ def parse_args(
     parser = argparse.ArgumentParser(description=description.strip().splitlines()[0])
     parser.add_argument("--steps", type=int, default=steps, help="GRPO steps")
     parser.add_argument("--warmup-steps", type=int, default=warmup_steps, help="SFT warm-up steps before RL (0: none)")
-    parser.add_argument("--base-model", default="tiny", help="'tiny' (offline), a hub id or a local folder")
+    parser.add_argument(
+        "--base-model",
+        default=defaults.get("base_model", "tiny"),
+        help="'tiny' (offline, random-init), 'smollm2-135m' (offline, real), a hub id, a local folder or a GGUF file",
+    )
     parser.add_argument("--engine", default="hf", choices=["hf", "vllm"], help="what samples the rollouts")
     parser.add_argument("--home", default=".art-examples", help="where checkpoints, runs and the store go")
     parser.add_argument("--seed", type=int, default=0, help="LoRA init and the examples' own randomness")

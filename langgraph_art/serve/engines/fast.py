@@ -21,6 +21,7 @@ columns holding real tokens of each row.
 
 from __future__ import annotations
 
+import itertools
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -55,7 +56,7 @@ class FastCache:
         valid = self.valid.index_select(0, index)
         used = valid[:, : self.length].any(0).nonzero()
         start = int(used[0]) if len(used) else 0
-        if start == 0 and all(b > a for a, b in zip(kept, kept[1:], strict=False)):
+        if start == 0 and all(b > a for a, b in itertools.pairwise(kept)):
             self._keep_in_place(kept)
             return
         self.keys = self.keys[:, :, :, start:].index_select(1, index)
