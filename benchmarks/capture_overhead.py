@@ -30,7 +30,7 @@ from langchain_core.messages import AIMessage
 from langchain_core.tools import tool
 
 from langgraph_art.capture.callbacks import TrajectoryCallbackHandler
-from langgraph_art.demo import tool_loop
+from langgraph_art.demos.lookup import tool_loop
 from langgraph_art.testing import long_run_graph
 
 

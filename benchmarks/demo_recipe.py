@@ -1,4 +1,4 @@
-"""The main job across seeds: the demo's recipe against the one it replaced, in the same run.
+"""The tiny demo (`langgraph-art demo --tiny`) across seeds: its recipe against the one it replaced, in the same run.
 
     OMP_NUM_THREADS=1 python benchmarks/demo_recipe.py --seeds 0 1 2 [--only new]
 
@@ -18,7 +18,7 @@ import tempfile
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from langgraph_art.demo import run_demo
+from langgraph_art.demos.lookup import run_demo
 
 RECIPES = {
     "old": {"warmup_steps": 60, "warmup_lr": 1e-2, "steps": 40, "num_iterations": 1, "temperature": 1.0},

@@ -153,18 +153,29 @@ def serve(
 
 @app.command()
 def demo(
-    steps: Annotated[int, typer.Option(help="GRPO steps (2 scenarios x 16 runs each)")] = 60,
-    warmup_steps: Annotated[int, typer.Option(help="SFT warm-up steps before RL")] = 100,
-    seed: Annotated[int, typer.Option(help="the LoRA's initialisation")] = 0,
+    tiny: Annotated[
+        bool, typer.Option("--tiny", help="the tiny random-init model's lookup agent instead (a minute; what CI runs)")
+    ] = False,
+    steps: Annotated[int | None, typer.Option(help="GRPO steps [14; --tiny: 60]")] = None,
+    warmup_steps: Annotated[int, typer.Option(help="--tiny: SFT warm-up steps before RL")] = 100,
+    seed: Annotated[int, typer.Option(help="the LoRA's initialisation and the training questions' order")] = 0,
     home: Annotated[str, typer.Option(help="where checkpoints, runs and the store go")] = ".art",
     engine: Annotated[str, typer.Option(help="'hf' or 'vllm' (./dev demo --engine vllm sets vLLM up)")] = "hf",
 ) -> None:
-    """Train a small tool-using LangGraph agent on the embedded tiny model (CPU, a few minutes)."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from langgraph_art.demo import run_demo
+    """Train a tool-using LangGraph agent on a real model, SmolLM2-135M-Instruct (CPU, ~5 minutes), by GRPO alone."""
+    if tiny:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        from langgraph_art.demos.lookup import run_demo as run_lookup
 
-    typer.echo("langgraph-art demo: a LangGraph agent with a lookup tool learns on the embedded tiny model.")
-    run_demo(steps=steps, warmup_steps=warmup_steps, seed=seed, home=home, engine=engine, echo=typer.echo)
+        typer.echo("langgraph-art demo --tiny: a LangGraph agent with a lookup tool learns on the embedded tiny model.")
+        run_lookup(steps=steps or 60, warmup_steps=warmup_steps, seed=seed, home=home, engine=engine,
+                   echo=typer.echo)  # fmt: skip
+        return
+    from langgraph_art.demos.units import run_demo
+
+    typer.echo("langgraph-art demo: a LangGraph agent with a unit-conversion tool learns on SmolLM2-135M-Instruct "
+               "(a real model, built offline from PyPI on first use).")  # fmt: skip
+    run_demo(steps=steps or 14, seed=seed, home=home, engine=engine, echo=typer.echo)
 
 
 export_app = typer.Typer(help="Send stored runs to other tools.", no_args_is_help=True)

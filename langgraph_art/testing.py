@@ -71,6 +71,23 @@ def take_langfuse_keys() -> dict[str, str]:
     return dict(_taken_langfuse_keys)
 
 
+def random_lora(model_path: Path, out: Path, seed: int, **config: Any) -> Path:
+    """A random (non-zero) peft LoRA adapter for the model in ``model_path``: it changes what the model says."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from langgraph_art.models.loading import quiet_transformers
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        with quiet_transformers():
+            base = AutoModelForCausalLM.from_pretrained(model_path)
+            settings = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"], "init_lora_weights": False}
+            get_peft_model(base, LoraConfig(**{**settings, **config})).save_pretrained(str(out))
+    return out
+
+
 def tool_call_adapter(model_path: Path, cache_dir: Path | None = None) -> Path:
     """``train_tool_call_adapter`` once per tiny-model build: cached under ``LANGGRAPH_ART_CACHE`` (or
     ``cache_dir``) by the model folder's name, which is its content address, and this recipe's version."""
@@ -169,7 +186,7 @@ def train_tool_call_adapter(
 
 def tool_loop_graph(llm: Any) -> Any:
     """agent (ChatART with the weather tool) <-> tools, until the agent answers without a tool call."""
-    from langgraph_art.demo import tool_loop
+    from langgraph_art.demos.lookup import tool_loop
 
     return tool_loop(llm.bind_tools([get_weather]), [get_weather])
 

@@ -1,4 +1,4 @@
-"""The main job: train a small tool-using LangGraph agent on the embedded tiny model, on CPU.
+"""The tiny demo (`langgraph-art demo --tiny`): a small tool-using LangGraph agent on the embedded tiny model, on CPU.
 
 The agent answers "What is the value of <key>?" by calling a ``lookup`` tool and reporting its result. The tiny
 model first gets an SFT warm-up on one example conversation per key, then GRPO with two rewards: it called
