@@ -87,3 +87,18 @@ def server(tiny_path: Path, tool_adapter: Path) -> Iterator:
         response = httpx.post(f"{running.base_url}/adapters", json={"name": "weather@1", "path": str(tool_adapter)})
         response.raise_for_status()
         yield running
+
+
+@pytest.fixture(scope="session")
+def smol_server(smol_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """The embedded service on the real model (``smollm2-135m``), with a random LoRA loaded as ``lora@1``."""
+    import httpx
+
+    from langgraph_art.serve.embedded import EmbeddedServer
+    from langgraph_art.testing import random_lora
+
+    adapter = random_lora(smol_path, tmp_path_factory.mktemp("smol-lora") / "lora", seed=0)
+    with EmbeddedServer("smollm2-135m", served_name="smollm2-135m") as running:
+        response = httpx.post(f"{running.base_url}/adapters", json={"name": "lora@1", "path": str(adapter)})
+        response.raise_for_status()
+        yield running

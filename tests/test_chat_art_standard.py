@@ -133,3 +133,45 @@ class TestChatARTInProcessIntegration(TestChatARTIntegration):
         before = endpoint.answered
         assert model.invoke("hello").content is not None
         assert endpoint.answered == before + 1
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+class TestChatARTRealModelIntegration(ChatModelIntegrationTests):
+    """The standard integration suite against SmolLM2-135M-Instruct (``smollm2-135m``, its bundled ChatML tool-call
+    template), in process as ``LocalBackend`` gives it: a real model answers, so the tool-calling tests mean what they
+    say. What a 135M model still cannot do is marked below, each with what it does instead."""
+
+    @pytest.fixture(autouse=True)
+    def _service(self, smol_server: Any) -> None:
+        type(self)._base_url = smol_server.base_url
+        type(self)._clients = smol_server.in_process_clients()
+
+    @property
+    def chat_model_class(self) -> type[ChatART]:
+        return ChatART
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        return {"model": "smollm2-135m", "base_url": self._base_url, "max_tokens": 48, "max_retries": 0,
+                "temperature": 0.0, **self._clients}  # fmt: skip
+
+    @property
+    def has_tool_choice(self) -> bool:
+        return True
+
+    @property
+    def has_structured_output(self) -> bool:
+        return True
+
+    @property
+    def returns_usage_metadata(self) -> bool:
+        return True
+
+    @property
+    def supports_json_mode(self) -> bool:
+        return True
+
+    @property
+    def model_override_value(self) -> str:
+        return "lora@1"  # a LoRA adapter served by the same service

@@ -48,7 +48,7 @@ def test_the_alias_is_an_ordinary_llama_folder_with_a_tools_template(smol_path: 
     assert (config.model_type, config.num_hidden_layers, config.hidden_size, config.vocab_size) == (
         "llama", 30, 576, 49152
     )  # fmt: skip
-    assert config.head_dim == 64 and config.tie_word_embeddings
+    assert config.head_dim == 64 and config.tie_word_embeddings and config.architectures == ["LlamaForCausalLM"]
     assert getattr(config, "quantization_config", None) is None  # an ordinary float32 folder, nothing GGUF left
     tokenizer = load_tokenizer(str(smol_path))
     text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=[TOOL], tokenize=False)

