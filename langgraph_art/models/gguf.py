@@ -152,7 +152,8 @@ def _no_dequantizing_bar() -> Iterator[None]:
 
 def _convert(file: Path, folder: Path) -> None:
     """transformers' GGUF loader, then the weights written as safetensors (tied weights once), the config without
-    its ``quantization_config`` (and with ``architectures``), the tokenizer (with the file's own chat template) and the generation config."""
+    its ``quantization_config`` and with ``architectures``, the tokenizer (with the file's own chat template) and the
+    generation config."""
     try:
         import gguf  # noqa: F401 - transformers' GGUF reader needs it
     except ImportError:
