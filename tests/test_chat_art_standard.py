@@ -175,3 +175,12 @@ class TestChatARTRealModelIntegration(ChatModelIntegrationTests):
     @property
     def model_override_value(self) -> str:
         return "lora@1"  # a LoRA adapter served by the same service
+
+    # Every test the tiny model fails passes here but one (measured: issue 26). At temperature 0 the answer is fixed.
+    @pytest.mark.xfail(
+        reason="under tool_choice='auto' SmolLM2-135M answers 'What is the weather in San Francisco?' from memory in "
+        "prose; forced, it calls get_weather(location='San Francisco, CA')",
+        strict=True,
+    )
+    def test_agent_loop(self, model: Any) -> None:
+        super().test_agent_loop(model)

@@ -55,5 +55,5 @@ def test_the_real_model_learns_the_tool_by_grpo_alone(tmp_path: Path) -> None:
     assert result["before"] < 0.75, result  # room to learn: the untrained model is not there already
     assert result["after"] >= result["before"] + 0.2, result
     assert result["calls_right"][1] > result["calls_right"][0]
-    assert any(line.startswith("the same question after training") for line in lines)
+    assert any("the same question after training" in line for line in lines)
     assert any("-> calls convert" in line for line in lines)

@@ -192,6 +192,26 @@ def test_ids_decode_to_the_text_and_n_choices_differ(server: Any) -> None:
     assert len({tuple(s.token_ids) for s in result.samples}) > 1
 
 
+def assert_same_draws(a: GenerationResult, b: GenerationResult, exact: bool) -> None:
+    """The same seeded request in batches of different sizes. On tiny-128 the draws are identical. On real weights
+    the batch's size changes the order of float32 sums (MKL picks other kernels), logits move by ~1e-6, and an
+    inverse-CDF draw over 49k tokens that lands within that of a boundary takes the neighbouring token (vLLM makes
+    no promise here either unless batch-invariant kernels are on): the samples then agree up to that draw, with the
+    same logprobs, and most agree throughout."""
+    if exact:
+        assert [s.token_ids for s in a.samples] == [s.token_ids for s in b.samples]
+        return
+    same = 0
+    for x, y in zip(a.samples, b.samples, strict=True):
+        shared = next(
+            (i for i, (t, u) in enumerate(zip(x.token_ids, y.token_ids, strict=False)) if t != u), len(x.token_ids)
+        )
+        assert shared >= 1, (x.token_ids, y.token_ids)
+        assert max_gap(x.logprobs[:shared], y.logprobs[:shared]) < 1e-3
+        same += x.token_ids == y.token_ids
+    assert len(a.samples) == 1 or same * 2 > len(a.samples), (a.samples, b.samples)
+
+
 def test_seeded_requests_reproduce(server: Any) -> None:
     ids = prompt(server, "tell me about the weather")
     params = GenerationRequest(ids, SamplingParams(temperature=1.5, max_tokens=16, n=3, seed=11))
@@ -201,9 +221,11 @@ def test_seeded_requests_reproduce(server: Any) -> None:
         return list(await asyncio.gather(server.engine.generate(params), server.engine.generate(again)))
 
     first, second = server.run(twice())
-    assert [s.token_ids for s in first.samples] == [s.token_ids for s in second.samples]
+    assert [s.token_ids for s in first.samples] == [s.token_ids for s in second.samples]  # sent the same way
     third = generate(server, ids, temperature=1.5, max_tokens=16, n=3, seed=11)
-    assert [s.token_ids for s in third.samples] == [s.token_ids for s in first.samples]
+    fourth = generate(server, ids, temperature=1.5, max_tokens=16, n=3, seed=11)
+    assert [s.token_ids for s in third.samples] == [s.token_ids for s in fourth.samples]
+    assert_same_draws(third, first, exact=not real(server))  # alone against two at once
 
 
 def test_finish_reasons_length_and_eos_kept_in_ids(server: Any) -> None:
@@ -264,14 +286,16 @@ def test_64_concurrent_requests(server: Any) -> None:
     ids = [prompt(server, f"question number {i}") for i in range(64)]
 
     async def many() -> list[GenerationResult]:
-        requests = [GenerationRequest(p, SamplingParams(max_tokens=12, seed=i)) for i, p in enumerate(ids)]
+        requests = [
+            GenerationRequest(p, SamplingParams(max_tokens=12, seed=i, ignore_eos=True)) for i, p in enumerate(ids)
+        ]
         return list(await asyncio.gather(*(server.engine.generate(r) for r in requests)))
 
     results = server.run(many())
     assert [r.prompt_token_ids for r in results] == ids
     assert all(len(r.samples[0].token_ids) == 12 for r in results)
-    alone = generate(server, ids[5], max_tokens=12, seed=5)
-    assert alone.samples[0].token_ids == results[5].samples[0].token_ids  # batching does not change a seeded row
+    alone = generate(server, ids[5], max_tokens=12, seed=5, ignore_eos=True)
+    assert_same_draws(alone, results[5], exact=not real(server))  # batching does not change a seeded row
 
 
 # -- adapters ---------------------------------------------------------------------------------------------------
@@ -482,14 +506,17 @@ def test_a_forced_tool_call_is_always_that_call_with_valid_arguments(server: Any
         "messages": [{"role": "user", "content": "hello there"}],
         "tools": [WEATHER_TOOL, search],
         "n": 6,
-        "max_tokens": 48,
+        "max_tokens": 160,  # the real model at temperature 1 may write a long query string
     }
     for choice_of_tool in ({"type": "function", "function": {"name": "search"}}, "required"):
-        response = httpx.post(f"{server.base_url}/chat/completions", json={**body, "tool_choice": choice_of_tool})
+        response = httpx.post(
+            f"{server.base_url}/chat/completions", json={**body, "tool_choice": choice_of_tool}, timeout=120
+        )
         assert response.status_code == 200, response.text
         for choice in response.json()["choices"]:
+            assert choice["finish_reason"] == "tool_calls", choice
             calls = choice["message"]["tool_calls"]
-            assert calls and choice["finish_reason"] == "tool_calls"
+            assert calls
             for call in calls:
                 arguments = json.loads(call["function"]["arguments"])
                 if call["function"]["name"] == "search":
