@@ -1,0 +1,118 @@
+"""examples/bfcl.py: BFCL's argument rules for one Python call, reimplemented, checked by hand and against BFCL's own
+ground truth (every answer it lists must pass; a changed value must not)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+bfcl = importlib.import_module("bfcl")
+
+FUNCTION = {
+    "name": "geometry.area",
+    "description": "Area of a shape.",
+    "parameters": {
+        "type": "dict",
+        "properties": {
+            "shape": {"type": "string"},
+            "size": {"type": "float"},
+            "units": {"type": "string", "optional": True},
+            "corners": {"type": "array", "items": {"type": "integer"}},
+            "style": {"type": "dict", "properties": {"color": {"type": "string"}}},
+        },
+        "required": ["shape", "size"],
+    },
+}
+ANSWER = {
+    "geometry.area": {
+        "shape": ["Square"],
+        "size": [2.0],
+        "units": ["", "meters"],
+        "corners": [[1, 2], ""],
+        "style": [{"color": ["red"]}, ""],
+    }
+}
+CASE = bfcl.Case("simple_python_7", [[{"role": "user", "content": "?"}]], [FUNCTION], [ANSWER])
+
+
+@pytest.mark.parametrize(
+    ("name", "arguments", "valid", "right", "error"),
+    [
+        # 1 (the name) + 5 parameters = 6 checks
+        ("geometry_area", {"shape": "square", "size": 2}, True, 6, ""),  # int for float; case and spaces ignored
+        ("geometry_area", {"shape": "S-q_u.a re", "size": 2.0, "units": "Meters"}, True, 6, ""),
+        ("geometry_area", {"shape": "circle", "size": 2.0}, False, 5, "'shape'='circle' is none of ['Square']"),
+        ("geometry_area", {"shape": "square"}, False, 5, "missing required parameter 'size'"),
+        ("geometry_area", {"shape": "square", "size": "2"}, False, 5, "'size' has type str, expected float"),
+        ("geometry_area", {"shape": "square", "size": 2.0, "corners": [2, 1]}, False, 5, "'corners'=[2, 1]"),
+        ("geometry_area", {"shape": "square", "size": 2.0, "corners": [1, 2]}, True, 6, ""),
+        ("geometry_area", {"shape": "square", "size": 2.0, "corners": ["1", 2]}, False, 5, "'corners' holds items"),
+        ("geometry_area", {"shape": "square", "size": 2.0, "style": {"color": "Red"}}, True, 6, ""),
+        ("geometry_area", {"shape": "square", "size": 2.0, "style": {"color": "blue"}}, False, 5, "'style'="),
+        ("geometry_area", {"shape": "square", "size": 2.0, "extra": 1}, False, 6, "unexpected parameter 'extra'"),
+        ("geometry_area", {"shape": 1, "size": "x"}, False, 4, "'shape' has type int"),
+        ("area", {"shape": "square", "size": 2.0}, False, 0, "called 'area', expected 'geometry_area'"),
+    ],
+)
+def test_check_call_by_hand(name: str, arguments: dict[str, Any], valid: bool, right: int, error: str) -> None:
+    check = bfcl.check_call(CASE, name, arguments)
+    assert (check.valid, check.right) == (valid, right), check
+    assert check.error.startswith(error), check
+    assert check.total == (7 if "extra" in arguments else 6)
+
+
+def test_an_optional_parameter_the_answer_sets_must_be_there() -> None:
+    answer = {"geometry.area": {"shape": ["square"], "size": [2.0], "units": ["meters"]}}
+    case = bfcl.Case("simple_python_1", CASE.question, [FUNCTION], [answer])
+    check = bfcl.check_call(case, "geometry_area", {"shape": "square", "size": 2.0})
+    assert not check.valid and "optional parameter 'units' left out" in check.error
+
+
+def test_json_schema_maps_bfcl_types() -> None:
+    schema = bfcl.json_schema(FUNCTION["parameters"])
+    assert schema["type"] == "object" and schema["required"] == ["shape", "size"]
+    assert schema["properties"]["size"] == {"type": "number"}
+    assert schema["properties"]["corners"] == {"type": "array", "items": {"type": "integer"}}
+    assert schema["properties"]["style"]["properties"] == {"color": {"type": "string"}}
+    assert "optional" not in schema["properties"]["units"]
+    assert bfcl.json_schema({"type": "any"}) == {}
+    assert bfcl.json_schema({"type": "dict"}) == {"type": "object", "additionalProperties": True}
+    assert bfcl.tools(CASE)[0]["function"]["name"] == "geometry_area"
+
+
+def first(answer: Any) -> Any:
+    """A call's value from an answer: nested dicts list their allowed values too; take the first of each."""
+    if isinstance(answer, dict):
+        return {k: first(options[0]) for k, options in answer.items() if options[0] != ""}
+    if isinstance(answer, list):
+        return [first(item) for item in answer]
+    return answer
+
+
+@pytest.mark.integration
+def test_every_ground_truth_passes_and_a_changed_value_fails() -> None:
+    """On BFCL's own data (from the wheel): 400 simple_python cases, split 320/80 by id; the first answer BFCL lists
+    for each case passes; changing a string argument makes it fail."""
+    cases = bfcl.load("simple_python")
+    train, held_out = bfcl.split(cases)
+    assert (len(cases), len(train), len(held_out)) == (400, 320, 80)
+    assert {c.id for c in train}.isdisjoint(c.id for c in held_out)
+    changed = 0
+    for case in cases:
+        ((name, allowed),) = case.answers[0].items()
+        # the first value BFCL allows (a parameter the function requires is given even where "" comes first)
+        given = {p: [o for o in options if o != ""] for p, options in allowed.items()}
+        arguments = {p: first(options[0]) for p, options in given.items() if options}
+        check = bfcl.check_call(case, bfcl.tool_name(name), arguments)
+        assert check.valid and check.share == 1.0, (case.id, check)
+        text = next((p for p, v in arguments.items() if isinstance(v, str) and v), None)
+        if text is not None:
+            wrong = bfcl.check_call(case, bfcl.tool_name(name), {**arguments, text: arguments[text] + " zz"})
+            assert not wrong.valid and 0 < wrong.share < 1, (case.id, wrong)
+            changed += 1
+    assert changed > 200
