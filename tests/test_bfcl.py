@@ -116,3 +116,65 @@ def test_every_ground_truth_passes_and_a_changed_value_fails() -> None:
             assert not wrong.valid and 0 < wrong.share < 1, (case.id, wrong)
             changed += 1
     assert changed > 200
+
+
+# -- multi_turn_base ----------------------------------------------------------------------------------------------
+@pytest.mark.integration
+def test_multi_turn_ground_truth_passes_and_a_missing_call_fails() -> None:
+    """BFCL's own ground truth, executed on the environments from the wheel, passes all 200 cases; a turn that
+    lacks its last call leaves a different state; an empty turn fails at once."""
+    mt = importlib.import_module("bfcl_multi_turn")
+    cases = mt.load("multi_turn_base")
+    assert len(cases) == 200
+    for case in cases:
+        verdict = mt.check_conversation(case, mt.ground_truth_calls(case))
+        assert verdict.valid and verdict.share == 1.0, (case.id, verdict.error)
+    case = cases[0]  # cd, mkdir, mv | cd, grep | sort | cd, mv, cd, diff
+    calls = mt.ground_truth_calls(case)
+    assert calls[0][1] == ("mkdir", {"dir_name": "temp"}) and calls[2] == [("sort", {"file_name": "final_report.pdf"})]
+    wrong = mt.check_conversation(case, [calls[0][:-1], *calls[1:]])
+    assert (wrong.turns_right, wrong.turns) == (0, 4) and "GorillaFileSystem differs in root" in wrong.error
+    late = mt.check_conversation(case, [*calls[:2], [], calls[3]])
+    assert (late.turns_right, late.error) == (2, "turn 2: no call")
+    assert mt.execute(mt.environments(case), "no_such_function", {}).startswith("Error during execution:")
+
+
+class ScriptedModel:
+    """Stands in for ChatART in the multi-turn graph: answers each user turn with the ground truth's calls, then a
+    closing message; records the tool_choice of every call."""
+
+    def __init__(self, turns: list[list[tuple[str, dict[str, Any]]]]) -> None:
+        self.turns, self.choices, self.turn = turns, [], -1
+
+    def bind_tools(self, tools: list[Any], *, tool_choice: str, parallel_tool_calls: bool) -> ScriptedModel:
+        self.choices.append(tool_choice)
+        return self
+
+    def invoke(self, messages: list[Any]) -> Any:
+        from langchain_core.messages import AIMessage, HumanMessage
+
+        if isinstance(messages[-1], HumanMessage):
+            self.turn += 1
+            calls = [
+                {"name": n, "args": a, "id": f"c{self.turn}-{i}"} for i, (n, a) in enumerate(self.turns[self.turn])
+            ]
+            return AIMessage("", tool_calls=calls)
+        return AIMessage("done")
+
+
+@pytest.mark.integration
+def test_the_multi_turn_graph_runs_the_calls_on_its_environments_and_is_scored() -> None:
+    """examples/multi_turn.py's tool loop without a model: the scripted answers are BFCL's ground truth, so the
+    conversation must score 1; with a turn's calls left out, less."""
+    mt = importlib.import_module("bfcl_multi_turn")
+    example = importlib.import_module("multi_turn")
+    case = mt.load("multi_turn_base")[0]
+    (scenario,) = example.scenarios([case])
+    model = ScriptedModel(mt.ground_truth_calls(case))
+    state = example.build_graph(model).invoke(scenario["input"])
+    assert [len(turn) for turn in state["calls"]] == [3, 2, 1, 4]
+    assert model.choices == ["required", "auto"] * 4  # the first call of each user turn forced
+    assert example.bfcl_accuracy.fn(state) == 1.0 and example.turns_right.fn(state) == 1.0
+    broken = ScriptedModel([*mt.ground_truth_calls(case)[:1], [], *mt.ground_truth_calls(case)[2:]])
+    state = example.build_graph(broken).invoke(scenario["input"])
+    assert example.bfcl_accuracy.fn(state) == 0.0 and example.turns_right.fn(state) == 0.25
