@@ -229,3 +229,27 @@ def return_large_buffers() -> bool:
     if _heap_capped:
         logging.getLogger(__name__).info("malloc: buffers of >= 1 MiB are returned to the system when freed")
     return _heap_capped
+
+
+_libc: Any = None
+
+
+def trim_heap() -> None:
+    """Give the free pages of every malloc arena back to the system (glibc's ``malloc_trim(0)``); Linux/glibc only.
+
+    Buffers under ``return_large_buffers``'s 1 MiB are not covered by it: on SmolLM2-135M (CPU, fp32, a GRPO step of
+    32 BFCL runs, continuous batching in another thread) the process grew ~0.7 GB a step, 9.4 GB after 8 steps and
+    out of a 24 GB machine's memory in the second 30-step run, with ~1.5 GB of live tensors: the freed temporaries
+    of several threads' arenas stayed mapped. Trimmed after each step and each decoding batch it stays at 1.5-3 GB.
+    Costs a few ms; the trainer and HFEngine call it for models of ``LARGE_MODEL_BYTES`` and more on CPU."""
+    import ctypes
+    import sys
+
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL("libc.so.6") if sys.platform.startswith("linux") else False
+        except OSError:  # not glibc (musl ...)
+            _libc = False
+    if _libc:
+        _libc.malloc_trim(0)

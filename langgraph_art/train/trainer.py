@@ -33,6 +33,7 @@ from langgraph_art.models.loading import (
     load_causal_lm,
     pick_device,
     return_large_buffers,
+    trim_heap,
     weight_bytes,
 )
 from langgraph_art.models.lora import HookedLora, SharedBase
@@ -128,7 +129,8 @@ class GRPOTrainer:
         # CHECKPOINTING_CPU_BYTES (see there): below, the shared-prompt forward it rules out is worth more
         cpu = base.device.type == "cpu"
         self._checkpoint_by_default = weight_bytes(base) >= (CHECKPOINTING_CPU_BYTES if cpu else LARGE_MODEL_BYTES)
-        if self._large and base.device.type == "cpu":
+        self._trims_heap = self._large and base.device.type == "cpu"  # after each step (see trim_heap)
+        if self._trims_heap:
             return_large_buffers()  # activation temporaries would otherwise pile up in the heap (see there)
         self._keeps_logits = "logits_to_keep" in inspect.signature(base.forward).parameters
         # the LM head run in chunks over the body's hidden states; not for models that post-process their logits
@@ -241,6 +243,8 @@ class GRPOTrainer:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step_count += 1
+        if self._trims_heap:
+            trim_heap()
         seconds = time.perf_counter() - started
         constrained, mass = sums.pop("grammar/tokens"), sums.pop("grammar/mass")
         metrics = {

@@ -33,6 +33,7 @@ from langgraph_art.models.loading import (
     cache_argument,
     eos_token_ids,
     load_causal_lm,
+    trim_heap,
     weight_bytes,
 )
 from langgraph_art.models.lora import HookedLora, SharedBase
@@ -103,6 +104,7 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.max_model_len = max_model_len or 0
         self._work_queue = WorkQueue(max_batch_size, batch_wait_ms / 1000)
+        self._trims_heap = False  # set by _load: large models on CPU
         self._device, self._dtype, self._seed = device, dtype, seed
         self.chat_template = chat_template  # replaces the model's own (models.templates.read_chat_template)
         self._fast_decode, self._merge_adapters, self._share = fast_decode, merge_adapters, share_weights
@@ -155,6 +157,7 @@ class HFEngine:
         self._fast = FastLM.build(self._lm) if self._fast_decode else None
         if self._share is None:
             self._share = self._merge_adapters is None and weight_bytes(self._lm) >= SHARE_MIN_BYTES
+        self._trims_heap = self._lm.device.type == "cpu" and weight_bytes(self._lm) >= LARGE_MODEL_BYTES
         if self._share:
             self._lora = HookedLora(self._lm)
             prepare = self._fast.prepare_lora if self._fast is not None else None
@@ -295,6 +298,8 @@ class HFEngine:
                 run_command(work)
             else:
                 self._run_batch(work)
+                if self._trims_heap:
+                    trim_heap()  # the batch's freed buffers back to the system (see there)
 
     def _run_batch(self, jobs: list[Job]) -> None:
         """Decode ``jobs`` as one running batch; same-adapter requests queued meanwhile join it between steps, and
