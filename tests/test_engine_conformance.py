@@ -221,7 +221,9 @@ def test_seeded_requests_reproduce(server: Any) -> None:
         return list(await asyncio.gather(server.engine.generate(params), server.engine.generate(again)))
 
     first, second = server.run(twice())
-    assert [s.token_ids for s in first.samples] == [s.token_ids for s in second.samples]  # sent the same way
+    # sent the same way, in one batch of 6 rows: on real weights a row's place in the batch can move its logits by
+    # ~1e-6 too (the matmul's edge tile takes another kernel), so the near-tie rule holds here as well
+    assert_same_draws(first, second, exact=not real(server))
     third = generate(server, ids, temperature=1.5, max_tokens=16, n=3, seed=11)
     fourth = generate(server, ids, temperature=1.5, max_tokens=16, n=3, seed=11)
     assert [s.token_ids for s in third.samples] == [s.token_ids for s in fourth.samples]
