@@ -1,7 +1,8 @@
 """HFEngine against VLLMEngine, in the same run, on the same prompts: tokens per second at 1, 8 and 64 concurrent
 requests, start-up time, and the cost of serving a new checkpoint (load + first request on it).
 
-    OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/engines.py [--models tiny-5m,qwen-0.5b-shape] [--threads 2]
+    OMP_NUM_THREADS=1 .venv-vllm/bin/python benchmarks/engines.py [--models tiny-5m,qwen-0.5b-shape,smollm2-135m]
+        [--threads 2] [--concurrency 1,8,32] [--grammar]
 
 Needs vLLM (``./dev test-vllm`` builds ``.venv-vllm``). ``qwen-0.5b-shape`` is a Qwen2.5-0.5B-shaped model built
 here with random weights (24 layers, hidden 896, 14 heads of 64, 2 KV heads, MLP 4864) on the tiny tokenizer
@@ -88,7 +89,20 @@ def build(kind: str, model: Path, device: str) -> Any:
     return build_engine("vllm", model, device=device, max_lora_rank=8, **cpu_only)
 
 
-async def burst(engine: Any, prompts: list[list[int]], concurrency: int, max_tokens: int) -> float:
+# --grammar: every request decodes under a JSON grammar whose one string cannot end before max_tokens (the mask is
+# computed for every token: the cost in question on a 49k vocabulary)
+LONG_STRING = {"type": "object", "properties": {"text": {"type": "string", "minLength": 4000}}, "required": ["text"]}
+
+
+def long_string_grammar() -> str:
+    from langgraph_art.serve.structured import JSON_STYLE
+
+    return f"start: answer\nanswer: %json {json.dumps({**LONG_STRING, 'x-guidance': JSON_STYLE})}\n"
+
+
+async def burst(
+    engine: Any, prompts: list[list[int]], concurrency: int, max_tokens: int, grammar: str | None = None
+) -> float:
     """Tokens per second over ``len(prompts)`` requests, ``concurrency`` in flight at a time."""
     from langgraph_art.serve.engines.base import GenerationRequest, SamplingParams
 
@@ -97,7 +111,7 @@ async def burst(engine: Any, prompts: list[list[int]], concurrency: int, max_tok
 
     async def one(i: int, ids: list[int]) -> int:
         async with gate:
-            request = GenerationRequest(ids, SamplingParams(**{**eos_free.__dict__, "seed": i}))
+            request = GenerationRequest(ids, SamplingParams(**{**eos_free.__dict__, "seed": i}), grammar=grammar)
             return len((await engine.generate(request)).samples[0].token_ids)
 
     started = time.perf_counter()
@@ -123,6 +137,10 @@ async def measure(kind: str, model: Path, adapters: list[Path], args: argparse.N
     for concurrency in args.levels:
         count = max(4, 2 * concurrency) if concurrency < 64 else concurrency
         row[f"tok_s_{concurrency}"] = await burst(engine, prompts[:count], concurrency, args.max_tokens)
+        if args.grammar:
+            row[f"grammar_tok_s_{concurrency}"] = await burst(
+                engine, prompts[:count], concurrency, args.max_tokens, long_string_grammar()
+            )
     loads, firsts = [], []
     short = SamplingParams(temperature=1.0, max_tokens=1)
     base_latency = []
@@ -155,6 +173,7 @@ def main() -> None:
     parser.add_argument("--swaps", type=int, default=4)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--concurrency", default="1,8,64", help="comma-separated levels")
+    parser.add_argument("--grammar", action="store_true", help="also every level under a JSON grammar (llguidance)")
     args = parser.parse_args()
     args.levels = [int(level) for level in args.concurrency.split(",")]
     os.environ["OMP_NUM_THREADS"] = str(args.threads)  # vLLM's CPU worker reads it
@@ -170,6 +189,7 @@ def main() -> None:
                 results[(name, kind)] = asyncio.run(measure(kind, model, adapters, args))
                 print(f"  {name} {kind}: {results[(name, kind)]}", flush=True)
     levels = [f"tok_s_{level}" for level in args.levels]
+    levels += [f"grammar_tok_s_{level}" for level in args.levels] if args.grammar else []
     columns = ["start_s", *levels, "load_ms", "first_request_ms", "base_request_ms"]
     print(f"\ndevice={args.device}, max_tokens={args.max_tokens}, threads={args.threads}; tok_s_N: generated tokens /"
           " wall time with N requests in flight; load_ms: load_adapter of a new name@step; first_request_ms: a 1-token"

@@ -63,8 +63,8 @@ class GRPOConfig(BaseModel):
     seed: int = 0
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # the trainer's weights; auto: bf16 on CUDA, fp32 on CPU
     # recompute each layer's activations in backward (memory for ~30% more step time); None: on for models of
-    # 256 MiB of weights and more (their activations outweigh the weights), off for smaller ones, which keep the
-    # shared-prompt forward (one prompt forward per micro-batch; not possible under checkpointing)
+    # 256 MiB of weights and more on a GPU, 1 GiB and more on CPU (where memory is seldom the limit), off for smaller
+    # ones, which keep the shared-prompt forward (one prompt forward per micro-batch; not possible under checkpointing)
     gradient_checkpointing: bool | None = None
     logits_chunk_size: int | None = None  # tokens per LM-head chunk; None: chunks of <= 2**26 logits (256 MB fp32)
     # turns sampled under a grammar (structured output, forced tool calls): their logprobs recomputed under the same
