@@ -44,7 +44,7 @@ def test_the_tiny_demo_runs_from_the_command_line(tmp_path: Path) -> None:
 def test_the_real_model_learns_the_tool_by_grpo_alone(tmp_path: Path) -> None:
     """The main job on SmolLM2-135M-Instruct, shortened to 8 steps (``./dev demo`` runs 14): no warm-up, so whatever
     the held-out evaluation gains is GRPO's. Questions in phrasings never trained on; the untrained model gets about
-    half of the arguments right (units default to meters). Measured at 8 steps: benchmarks/README.md, issue 26."""
+    half of the arguments right (units default to meters). 14 steps, 3 seeds: benchmarks/README.md, issue 26."""
     from langgraph_art.demos.units import run_demo
 
     lines: list[str] = []
