@@ -54,6 +54,19 @@ def test_engine_options_pass_through(tiny_path: Path) -> None:
         VLLMEngine(str(tiny_path), device="cpu", enable_sleep_mode=True).engine_args()
 
 
+def test_on_cpu_prompts_are_prefilled_whole(tiny_path: Path) -> None:
+    """vLLM 0.32's CPU worker dies on a seeded request in a chunked prefill (``CPU Generator does not use offset``):
+    chunking is off on CPU and a step's budget holds the longest prompt; a user's engine_args still win."""
+    context = json.loads((tiny_path / "config.json").read_text())["max_position_embeddings"]
+    args = VLLMEngine(str(tiny_path), device="cpu").engine_args()
+    assert args["enable_chunked_prefill"] is False and args["max_num_batched_tokens"] == max(context, 8192)
+    args = VLLMEngine(str(tiny_path), device="cpu", max_model_len=20000).engine_args()
+    assert args["max_num_batched_tokens"] == 20000
+    args = VLLMEngine(str(tiny_path), device="cpu", enable_chunked_prefill=True).engine_args()
+    assert args["enable_chunked_prefill"] is True
+    assert "enable_chunked_prefill" not in VLLMEngine(str(tiny_path), device="cuda").engine_args()
+
+
 def test_cuda_defaults_share_the_gpu(tiny_path: Path) -> None:
     args = VLLMEngine(str(tiny_path), device="cuda", gpu_memory_utilization=0.3).engine_args()
     assert args["enable_sleep_mode"] and args["gpu_memory_utilization"] == 0.3
