@@ -62,13 +62,30 @@ def check_lora_for_vllm(name: str, folder: Path, max_lora_rank: int) -> None:
         raise AdapterError(f"vLLM cannot serve adapter {name!r} from {str(folder)!r}: " + "; ".join(why))
 
 
+def text_config(model: str) -> dict[str, Any] | None:
+    """The language model's part of a model folder's ``config.json``; None for a hub id (vLLM reads it itself)."""
+    file = Path(model) / "config.json"
+    if not file.is_file():
+        return None
+    config = json.loads(file.read_text())
+    return dict(config.get("text_config", config))
+
+
+def cpu_prefill_args(model: str, max_model_len: int) -> dict[str, Any]:
+    """vLLM 0.32 on CPU: a seeded request whose prompt is prefilled in chunks kills the engine core (it rewinds the
+    request's torch.Generator with set_offset, which CPU generators lack: "CPU Generator does not use offset"); 64
+    seeded BFCL-sized prompts at once did. Whole prompts only, as vLLM itself does on CPU for MLA models: the step's
+    token budget must then hold the longest prompt (the model's context; 32768 for a hub id)."""
+    config = text_config(model)
+    context = max_model_len or (int(config.get("max_position_embeddings") or 2048) if config else 32768)
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(context, 8192)}
+
+
 def check_cpu_head_size(model: str) -> None:
     """vLLM's CPU attention runs only some head sizes, and says so only at the first forward: check the config."""
-    file = Path(model) / "config.json"
-    if not file.is_file():  # a hub id: vLLM reads the config itself
+    config = text_config(model)
+    if config is None:
         return
-    config = json.loads(file.read_text())
-    config = config.get("text_config", config)
     heads = config.get("num_attention_heads") or 1
     head_dim = config.get("head_dim") or config.get("hidden_size", 0) // heads
     if head_dim not in CPU_HEAD_SIZES:

@@ -57,6 +57,7 @@ from langgraph_art.serve.engines.vllm_checks import (
     LORA_RANKS,
     check_cpu_head_size,
     check_lora_for_vllm,
+    cpu_prefill_args,
     import_vllm,
     lora_rank_for,
 )
@@ -180,12 +181,7 @@ class VLLMEngine:
         else:
             if "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
                 args["kv_cache_memory_bytes"] = int((opts["kv_cache_gib"] or 1.0) * 2**30)
-            # vLLM 0.32 on CPU: a seeded request whose prompt is prefilled in chunks kills the engine core (it rewinds
-            # the request's torch.Generator with set_offset, which CPU generators lack: "CPU Generator does not use
-            # offset"); 64 seeded BFCL-sized prompts at once did. Whole prompts only, as vLLM itself does on CPU for
-            # MLA models: the step's token budget must then hold the longest prompt.
-            args["enable_chunked_prefill"] = False
-            args["max_num_batched_tokens"] = max(self.max_model_len or context_length(args["model"]), 8192)
+            args.update(cpu_prefill_args(args["model"], self.max_model_len))  # whole prompts (see there)
         return {**args, **self._engine_args}
 
     def _on_cuda(self) -> bool:
@@ -450,15 +446,3 @@ def _start_vllm(args: dict[str, Any]) -> Any:
 
     log.info("starting vLLM %s with %s", vllm.__version__, args)
     return AsyncLLM.from_engine_args(vllm.AsyncEngineArgs(**args))
-
-
-def context_length(folder: str) -> int:
-    """The model's context length from its ``config.json`` (``max_position_embeddings``; 2048 when absent)."""
-    import json
-    from pathlib import Path
-
-    try:
-        config = json.loads((Path(folder) / "config.json").read_text())
-    except (OSError, ValueError):  # a hub id, not a folder: vLLM resolves it; a budget that holds common models
-        return 32768
-    return int(config.get("max_position_embeddings") or 2048)
