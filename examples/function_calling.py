@@ -15,12 +15,11 @@ reimplements its AST checker's rules). The model is SmolLM2-135M-Instruct, offli
 from __future__ import annotations
 
 import json
-import os
 import random
 from typing import Annotated, Any, TypedDict
 
 import bfcl
-from harness import grpo_config, parse_args, report, trainable_model
+from harness import THREADS_OPTION, grpo_config, parse_args, report, trainable_model, use_threads
 from langchain_core.messages import AnyMessage
 from langgraph.graph import START, StateGraph
 from langgraph.graph.message import add_messages
@@ -95,12 +94,10 @@ def main(argv: list[str] | None = None, *, echo: Any = print) -> dict[str, Any]:
         options=[
             ("--eval-cases", {"type": int, "default": 80, "help": "held-out cases evaluated (of 80)"}),
             ("--eval-every", {"type": int, "default": 10, "help": "steps between held-out evaluations"}),
-            ("--threads", {"type": int, "default": None, "help": "torch threads (default: every core)"}),
+            THREADS_OPTION,
         ],
     )
-    import torch
-
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    use_threads(args)
     train, held_out = bfcl.split(bfcl.load("simple_python"))
     random.Random(args.seed).shuffle(train)  # each seed its own order of the training cases
     with trainable_model(args, f"bfcl-simple-{args.seed}", "examples") as (model, llm):

@@ -8,6 +8,7 @@ with vLLM (a GPU, or vLLM's CPU build beside this package).
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -51,6 +52,16 @@ def parse_args(
     for flag, keywords in options:
         parser.add_argument(flag, **keywords)
     return parser.parse_args(argv)
+
+
+THREADS_OPTION = ("--threads", {"type": int, "default": None, "help": "torch threads (default: every core)"})
+
+
+def use_threads(args: argparse.Namespace) -> None:
+    """``--threads`` (default: every core; one process runs the model, the trainer and the graph)."""
+    import torch
+
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
 
 
 @contextmanager

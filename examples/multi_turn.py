@@ -16,12 +16,11 @@ context is left out and counted.
 
 from __future__ import annotations
 
-import os
 import random
 from typing import Annotated, Any, TypedDict
 
 import bfcl_multi_turn as mt
-from harness import grpo_config, parse_args, report, trainable_model
+from harness import THREADS_OPTION, grpo_config, parse_args, report, trainable_model, use_threads
 from langchain_core.messages import AnyMessage, HumanMessage, ToolMessage
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
@@ -142,15 +141,14 @@ def main(argv: list[str] | None = None, *, echo: Any = print) -> dict[str, Any]:
             ("--eval-cases", {"type": int, "default": 10, "help": "held-out cases evaluated (of those that fit)"}),
             ("--eval-every", {"type": int, "default": 10, "help": "steps between held-out evaluations"}),
             ("--max-calls", {"type": int, "default": 4, "help": "model calls per user turn"}),
-            ("--threads", {"type": int, "default": None, "help": "torch threads (default: every core)"}),
+            THREADS_OPTION,
         ],
     )
-    import torch
     from transformers import AutoTokenizer
 
     from langgraph_art.models.loading import resolve_model
 
-    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    use_threads(args)
     tokenizer = AutoTokenizer.from_pretrained(resolve_model(args.base_model))
     room = args.max_tokens * 4 * args.max_calls  # what a conversation adds: calls, results, later turns
     cases = mt.load()
