@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from langgraph_art.errors import ConfigError
 
@@ -42,35 +42,65 @@ class GRPOConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    learning_rate: float = 1e-5
-    num_generations: int = 8
-    beta: float = 0.0
-    epsilon: float = 0.2
-    epsilon_high: float | None = None
-    loss_type: Literal["grpo", "dr_grpo", "bnpo", "cispo", "gspo"] = "grpo"
-    scale_rewards: Literal["group", "batch", "none"] = "group"
-    max_grad_norm: float = 1.0
-    weight_decay: float = 0.0
-    per_device_train_batch_size: int = 8
-    num_iterations: int = 1  # updates per step on the same runs (TRL's name; GRPO's mu)
-    max_length: int = 4096
-    lora_r: int = 8
-    lora_alpha: int = 16
-    lora_dropout: float = 0.0
-    target_modules: list[str] | str = "all-linear"
-    trainable_nodes: list[str] | None = None
-    save_total_limit: int = 3
-    seed: int = 0
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"  # the trainer's weights; auto: bf16 on CUDA, fp32 on CPU
-    # recompute each layer's activations in backward (memory for ~30% more step time); None: on for models of
-    # 256 MiB of weights and more on a GPU, 1 GiB and more on CPU (where memory is seldom the limit), off for smaller
-    # ones, which keep the shared-prompt forward (one prompt forward per micro-batch; not possible under checkpointing)
-    gradient_checkpointing: bool | None = None
-    logits_chunk_size: int | None = None  # tokens per LM-head chunk; None: chunks of <= 2**26 logits (256 MB fp32)
-    # turns sampled under a grammar (structured output, forced tool calls): their logprobs recomputed under the same
-    # mask ("masked": the distribution they were sampled from) or under the whole vocabulary ("unmasked": the
-    # importance ratio then starts at the policy's mass inside the mask, not 1); see README, "Structured output"
-    constrained_logprobs: Literal["masked", "unmasked"] = "masked"
+    learning_rate: float = Field(1e-5, description="AdamW's learning rate for the LoRA (1e-5 to 1e-4 on a real model).")
+    num_generations: int = Field(
+        8,
+        description="Runs per scenario: the group GRPO compares (>= 2). Trainer(num_generations=...) sets it too; "
+        "giving both with different values is an error.",
+    )
+    beta: float = Field(0.0, description="KL coefficient against the base model (0: no reference forward).")
+    epsilon: float = Field(0.2, description="Clip range of the importance ratio (PPO's epsilon).")
+    epsilon_high: float | None = Field(
+        None, description="Upper clip range when it differs from epsilon (DAPO's clip-higher); None: epsilon."
+    )
+    loss_type: Literal["grpo", "dr_grpo", "bnpo", "cispo", "gspo"] = Field(
+        "grpo",
+        description="How token losses are averaged and clipped: grpo (per sequence), dr_grpo (a constant), bnpo "
+        "(per token of the batch), cispo (clipped weights), gspo (sequence-level ratios; needs a tiny epsilon).",
+    )
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group", description="Divide advantages by the reward std of the group, of the batch, or not at all."
+    )
+    max_grad_norm: float = Field(1.0, description="Gradients are clipped to this global norm.")
+    weight_decay: float = Field(0.0, description="AdamW's weight decay.")
+    per_device_train_batch_size: int = Field(
+        8, description="Sequences per micro-batch (gradient accumulation over the step's micro-batches)."
+    )
+    num_iterations: int = Field(
+        1,
+        description="Optimizer updates per step on the same runs (TRL's name; GRPO's mu). An abort in any pass "
+        "leaves the weights as before the step.",
+    )
+    max_length: int = Field(4096, description="Tokens per trained sequence; longer runs are truncated (counted).")
+    lora_r: int = Field(8, description="LoRA rank.")
+    lora_alpha: int = Field(16, description="LoRA alpha (the update is scaled by alpha / r).")
+    lora_dropout: float = Field(0.0, description="Dropout on the LoRA's input.")
+    target_modules: list[str] | str = Field(
+        "all-linear", description="Which linear layers get a LoRA: 'all-linear' or module names (peft's option)."
+    )
+    trainable_nodes: list[str] | None = Field(
+        None, description="Train only the turns of these graph nodes (None: every node's turns)."
+    )
+    save_total_limit: int = Field(3, description="Checkpoints kept (pinned ones are kept besides).")
+    seed: int = Field(0, description="Seeds the LoRA's initialisation.")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="The trainer's weights; auto: bfloat16 on CUDA, float32 on CPU."
+    )
+    gradient_checkpointing: bool | None = Field(
+        None,
+        description="Recompute each layer's activations in backward (memory for ~30% more step time). None: on for "
+        "models of 256 MiB of weights and more on a GPU, 1 GiB and more on CPU; off for smaller ones, which keep the "
+        "shared-prompt forward (one prompt forward per micro-batch, not possible under checkpointing).",
+    )
+    logits_chunk_size: int | None = Field(
+        None, description="Tokens per LM-head chunk; None: chunks of <= 2**26 logits (256 MB in float32)."
+    )
+    constrained_logprobs: Literal["masked", "unmasked"] = Field(
+        "masked",
+        description="Turns sampled under a grammar (structured output, forced tool calls): their logprobs are "
+        "recomputed under the same mask (masked: the distribution they were sampled from) or the whole vocabulary "
+        "(unmasked: the importance ratio then starts at the policy's mass inside the mask, not 1).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> GRPOConfig:

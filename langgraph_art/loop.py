@@ -64,7 +64,7 @@ class Trainer:
         model: TrainableModel,
         *,
         rewards: Sequence[Any],
-        num_generations: int = 8,
+        num_generations: int | None = None,
         config: GRPOConfig | None = None,
         scenarios_per_step: int = 1,
         max_concurrency: int = 8,
@@ -77,7 +77,10 @@ class Trainer:
         wandb: Any = None,
         sinks: Sequence[Any] = (),
     ) -> None:
-        """``max_steps_off_policy``: how many steps the rollouts may run ahead of training (0: sample, then train,
+        """``num_generations``: runs per scenario (``GRPOConfig.num_generations``, default 8), given here or in
+        ``config``, not both with different values.
+
+        ``max_steps_off_policy``: how many steps the rollouts may run ahead of training (0: sample, then train,
         then sample; see the module docstring).
 
         ``eval_scenarios``: held-out scenarios, run ``eval_generations`` times each and scored with ``eval_rewards``
@@ -105,7 +108,7 @@ class Trainer:
                 "art.RemoteBackend(url), or a backend with every method of langgraph_art.Backend"
             )
         self.graph, self.model, self.rewards = graph, model, list(rewards)
-        self.config = (config or GRPOConfig()).model_copy(update={"num_generations": num_generations})
+        self.config = _with_generations(config or GRPOConfig(), num_generations)
         self.scenarios_per_step, self.max_concurrency = scenarios_per_step, max_concurrency
         self.max_steps_off_policy = max_steps_off_policy
         self.backend: Backend = model.backend
@@ -344,3 +347,19 @@ def _check_eval(scenarios: Any, every: Any, generations: Any, rewards: Any) -> N
         raise ConfigError("eval_every/eval_rewards need eval_scenarios=[...] (held-out scenarios to evaluate on)")
     if scenarios:
         check_scenarios(scenarios)
+
+
+def _with_generations(config: GRPOConfig, num_generations: int | None) -> GRPOConfig:
+    """``config`` with ``num_generations`` when given; a config that set another value on purpose is an error (the
+    argument used to overwrite it silently)."""
+    if num_generations is None:
+        return config
+    if "num_generations" in config.model_fields_set and config.num_generations != num_generations:
+        raise ConfigError(
+            f"num_generations={num_generations} and GRPOConfig(num_generations={config.num_generations}) disagree; "
+            "give it in one place"
+        )
+    try:
+        return GRPOConfig.model_validate({**config.model_dump(), "num_generations": num_generations})
+    except ValueError as error:  # pydantic's ValidationError around the config's own message
+        raise ConfigError(str(error).split("Value error, ", 1)[-1].split(" [type=", 1)[0]) from None

@@ -95,6 +95,40 @@ def test_num_iterations_updates_several_times_on_the_same_runs_within_one_step(t
         GRPOConfig(num_iterations=0)
 
 
+def test_an_abort_in_a_later_pass_restores_the_lora_and_optimizer_from_before_the_step(
+    tiny_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """num_iterations=3 and a non-finite gradient in pass 2: pass 1 already stepped the optimizer, so without the
+    restore the live LoRA would hold an update the checkpoint does not (a restart would silently go back)."""
+    config = CONFIG.model_copy(update={"num_iterations": 3})
+    trainer = GRPOTrainer(str(tiny_path), config, checkpoint_dir=tmp_path / "ckpt")
+    trainer.step([make_group(trainer, [1.0, 0.0, 0.5, 0.0])])  # a step done: optimizer moments exist
+    before = {n: p.detach().clone() for n, p in trainer.named_lora_parameters().items()}
+    moments = {k: {n: v.clone() for n, v in st.items()} for k, st in trainer.optimizer.state.items()}
+    clip = torch.nn.utils.clip_grad_norm_
+    calls = []
+
+    def second_pass_explodes(params, max_norm):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        norm = clip(params, max_norm)
+        return torch.tensor(float("inf")) if len(calls) == 2 else norm
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", second_pass_explodes)
+    with pytest.raises(TrainingAborted, match=r"pass 2 of 3.*as before the step"):
+        trainer.step([make_group(trainer, [0.0, 1.0, 0.5, 0.0], gid="h")])
+    assert len(calls) == 2  # pass 1 ran and stepped the optimizer, pass 2 aborted
+    assert trainer.step_count == 1
+    for name, param in trainer.named_lora_parameters().items():
+        assert torch.equal(param, before[name]), name
+    for key, state in trainer.optimizer.state.items():
+        for n, value in state.items():
+            assert torch.equal(value, moments[key][n]), n
+    assert all(p.grad is None for p in trainer.trainable_parameters())
+    monkeypatch.undo()
+    result = trainer.step([make_group(trainer, [0.0, 1.0, 0.5, 0.0], gid="h")])  # the next step trains normally
+    assert result.updated and result.step == 2 and "train/later_passes/grad_norm" in result.metrics
+
+
 def test_bad_input_is_skipped_with_counted_reasons(trainer: GRPOTrainer) -> None:
     lonely = make_group(trainer, [1.0], gid="one")
     flat = make_group(trainer, [0.5, 0.5], gid="flat")
@@ -467,3 +501,32 @@ def test_a_step_trains_in_training_mode_and_leaves_the_model_in_eval(trainer: GR
     hook.remove()
     assert seen and all(seen)
     assert not any(layer.training for layer in layers)
+
+
+def test_sft_loss_equals_the_full_logits_nll_without_building_them(trainer: GRPOTrainer) -> None:
+    """sft_loss runs the LM head on trained positions only; its value is the plain NLL over full logits, and a few
+    SFT steps lower it."""
+    from langgraph_art.train.sft import sft_loss, sft_sequences
+
+    chats = [
+        {
+            "messages": [
+                {"role": "user", "content": f"count to {n}"},
+                {"role": "assistant", "content": " ".join("123"[:n])},
+            ]
+        }
+        for n in (1, 3)
+    ]
+    batch = sft_sequences(trainer.tokenizer, chats, nodes=None, max_length=256)
+    with torch.no_grad(), trainer.adapter():
+        loss, tokens = sft_loss(trainer, batch)
+        nll, count = 0.0, 0
+        for seq in batch:
+            ids = torch.tensor([seq.input_ids])
+            logprobs = torch.log_softmax(trainer.model(input_ids=ids).logits[0, :-1], -1)  # [T-1, V]
+            picked = logprobs.gather(-1, ids[0, 1:, None])[:, 0]
+            mask = torch.tensor(seq.mask[1:], dtype=torch.float)
+            nll, count = nll - float((picked * mask).sum()), count + int(mask.sum())
+    assert tokens == count and float(loss) == pytest.approx(nll / count, rel=1e-4)
+    losses = trainer.sft(chats, steps=4, learning_rate=5e-2)
+    assert losses[-1] < losses[0]

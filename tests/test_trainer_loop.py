@@ -77,3 +77,19 @@ def test_the_run_log_reads_what_it_writes(tmp_path: Path) -> None:
     (tmp_path / "runs" / "a" / "metrics.jsonl").open("a").write("\n")  # a blank line is skipped
     assert [(r["model"], r["policy_step"]) for r in read_records(tmp_path)] == [("a", 0), ("a", 1), ("b", 2)]
     assert [r["policy_step"] for r in read_records(tmp_path, since_step=1)] == [1, 2]
+
+
+def test_num_generations_is_said_in_one_place(tmp_path: Path) -> None:
+    """The argument sets GRPOConfig.num_generations; a config that chose another value is not silently overwritten."""
+    model = art.TrainableModel(name="fake", project="loop").register(FakeBackend(tmp_path))
+    graph = echo_graph()
+    assert art.Trainer(graph, model, rewards=[by_generation], langfuse=False).config.num_generations == 8
+    chosen = art.GRPOConfig(num_generations=4)
+    assert art.Trainer(graph, model, rewards=[by_generation], config=chosen, langfuse=False).config.num_generations == 4
+    other = art.GRPOConfig(learning_rate=1e-3)  # num_generations left at its default: the argument decides
+    trainer = art.Trainer(graph, model, rewards=[by_generation], num_generations=2, config=other, langfuse=False)
+    assert trainer.config.num_generations == 2 and trainer.config.learning_rate == 1e-3
+    with pytest.raises(art.ConfigError, match=r"num_generations=2 and GRPOConfig\(num_generations=4\) disagree"):
+        art.Trainer(graph, model, rewards=[by_generation], num_generations=2, config=chosen, langfuse=False)
+    with pytest.raises(art.ConfigError, match="num_generations=1"):
+        art.Trainer(graph, model, rewards=[by_generation], num_generations=1, langfuse=False)

@@ -6,7 +6,8 @@ A policy is identified by ``(project, name)``; its checkpoints live under ``<hom
 ``GRPOTrainer`` on first use (it resumes from the latest checkpoint) on its ``device``, applies a changed
 ``GRPOConfig`` to a live trainer before its next step, and keeps at most ``max_trainers`` trainers in memory (each
 holds a copy of the model, or only its LoRA on the engine's shared weights): a new one replaces the least recently
-used idle one, whose state is already in its latest checkpoint (written after every update); when all are busy,
+used idle one, whose state is already in its latest checkpoint (written after every step and warm-up; an aborted
+step leaves the weights as they were); when all are busy,
 ``ServiceBusyError``. Thread-safe; one step at a time per policy.
 
 Serving a checkpoint is the caller's part: ``step``/``warmup`` return the checkpoint folder to publish as

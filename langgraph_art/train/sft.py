@@ -15,7 +15,8 @@ import torch
 
 from langgraph_art.errors import TrainingAborted
 from langgraph_art.train.advantages import Advantages
-from langgraph_art.train.loss import masked_mean, token_logprobs
+from langgraph_art.train.batches import batch_tensors, first_trained_position
+from langgraph_art.train.loss import masked_mean
 from langgraph_art.train.tokenize import TrainSequence, build_sequences
 from langgraph_art.types import Trajectory
 
@@ -69,18 +70,15 @@ def sft_sequences(
     return [s for s in sequences if sum(s.mask)]
 
 
-def sft_loss(model: Any, batch: list[TrainSequence], pad: int, device: Any) -> tuple[torch.Tensor, int]:
-    """Mean negative log-likelihood of the masked tokens of one micro-batch, and how many there were."""
-    width = max(len(s) for s in batch)
-    ids = torch.full((len(batch), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(batch), width))
-    for row, seq in enumerate(batch):
-        ids[row, : len(seq)] = torch.tensor(seq.input_ids)
-        mask[row, : len(seq)] = torch.tensor(seq.mask, dtype=torch.float)
-    ids, mask = ids.to(device), mask.to(device)
-    logits = model(input_ids=ids).logits[:, :-1]  # [B, T-1, V]; right padding needs no mask (trainer._tensors)
-    logprobs = token_logprobs(logits, ids[:, 1:], torch.ones(len(batch), device=device))  # [B, T-1]
-    return -masked_mean(logprobs, mask[:, 1:]), int(mask[:, 1:].sum())
+def sft_loss(trainer: Any, batch: list[TrainSequence]) -> tuple[torch.Tensor, int]:
+    """Mean negative log-likelihood of the masked tokens of one micro-batch, and how many there were. Through the
+    trainer's own logprob path (``GRPOTrainer._token_logprobs``): the LM head only on the trained positions, in
+    chunks, so no [batch, tokens, vocabulary] tensor is built, as in the RL step."""
+    ids, mask, _, _, temp = batch_tensors(batch, trainer.tokenizer.pad_token_id, trainer.device)  # [B, T] each
+    first = first_trained_position(batch)
+    mask = mask[:, first:]  # [B, T-first]
+    logprobs = trainer._token_logprobs(ids, first, ids[:, first:], temp, trained=mask.bool())[0]  # [B, T-first]
+    return -masked_mean(logprobs, mask), int(mask.sum())
 
 
 def sft_steps(trainer: Any, sequences: list[TrainSequence], steps: int, learning_rate: float) -> list[float]:
@@ -92,7 +90,7 @@ def sft_steps(trainer: Any, sequences: list[TrainSequence], steps: int, learning
     for index in range(steps):
         start = (index * size) % len(sequences)
         batch = (sequences + sequences)[start : start + size]
-        loss, _ = sft_loss(trainer.model, batch, trainer.tokenizer.pad_token_id, trainer.device)
+        loss, _ = sft_loss(trainer, batch)
         if not torch.isfinite(loss):
             raise TrainingAborted(f"SFT step {index + 1}: non-finite loss; lower the learning rate")
         optimizer.zero_grad(set_to_none=True)

@@ -1,18 +1,21 @@
 """``GRPOTrainer``: scored trajectory groups in, one LoRA update out.
 
-``step(groups)`` reads top to bottom: advantages -> token sequences -> length-sorted micro-batches -> forward,
-loss, backward (gradient accumulation) -> clip -> AdamW -> metrics. A non-finite loss or gradient aborts the step
-before the optimizer touches the weights, and no checkpoint is written for it.
+``step(groups)`` reads top to bottom: advantages -> token sequences -> length-sorted micro-batches -> for each of
+``num_iterations`` passes: forward, loss, backward (gradient accumulation) -> clip -> AdamW; then metrics. A
+non-finite loss or gradient in any pass aborts the step with the LoRA and the optimizer as they were before its
+first pass (a later pass restores what the earlier ones changed), and no checkpoint is written for it.
 
 Shortcuts, named: micro-batches group sequences of similar length (sorted) rather than packing several
-sequences into one row, which would need block-diagonal attention masks the CPU attention path does not take;
-and a step is one optimizer update over all its sequences (no PPO epochs), so the importance ratio corrects
-sampler/trainer drift rather than multiple passes.
+sequences into one row, which would need block-diagonal attention masks the CPU attention path does not take.
+With ``num_iterations=1`` (the default) a step is one optimizer update over all its sequences and the importance
+ratio corrects sampler/trainer drift; with more, each pass is one update over the same runs (TRL's mu, PPO epochs)
+and the clip keeps the policy near the one that sampled.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 import logging
 import math
@@ -225,23 +228,25 @@ class GRPOTrainer:
         keys = ["loss", "entropy", "kl", "clip_fraction", "ratio_mean", "sampler_logprob_gap"]
         keys += ["grammar/tokens", "grammar/mass"]  # summed: trained tokens under a grammar, the policy's mass inside
         sums, last = dict.fromkeys(keys, 0.0), dict.fromkeys(keys, 0.0)
+        norms: list[float] = []
         # num_iterations (TRL's, GRPO's mu) passes over the same runs, one update each: from the second pass on the
         # ratio to the sampler's logprobs moves away from 1 and the clip keeps the policy near the one that sampled
-        for iteration in range(cfg.num_iterations):
-            self.optimizer.zero_grad(set_to_none=True)
-            with self._training():
-                for batch in batches:
-                    self._backward(batch, sequences, total_tokens, sums if iteration == 0 else last)
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), cfg.max_grad_norm))
-            if not math.isfinite(grad_norm):
+        with self._all_or_nothing(cfg.num_iterations > 1):  # an abort in pass 2 undoes pass 1's update
+            for iteration in range(cfg.num_iterations):
                 self.optimizer.zero_grad(set_to_none=True)
-                what = f"pass {iteration + 1} of {cfg.num_iterations} was" if iteration else "the weights were"
-                raise TrainingAborted(
-                    f"step {self.step_count + 1}: the gradient norm is {grad_norm}; {what} not updated and no "
-                    "checkpoint was written"
-                )
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+                with self._training():
+                    for batch in batches:
+                        self._backward(batch, sequences, total_tokens, sums if iteration == 0 else last)
+                norms.append(float(torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), cfg.max_grad_norm)))
+                if not math.isfinite(norms[-1]):
+                    where = f" (pass {iteration + 1} of {cfg.num_iterations})" if cfg.num_iterations > 1 else ""
+                    raise TrainingAborted(
+                        f"step {self.step_count + 1}: the gradient norm is {norms[-1]}{where}; the weights are as "
+                        "before the step and no checkpoint was written. Lower learning_rate or check the rewards "
+                        "for extreme values."
+                    )
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         self.step_count += 1
         if self._trims_heap:
             trim_heap()
@@ -254,7 +259,8 @@ class GRPOTrainer:
                 for k in ("clip_fraction", "ratio_mean")
                 if cfg.num_iterations > 1
             },
-            "train/grad_norm": grad_norm,
+            "train/grad_norm": norms[0],  # the first pass's, before clipping, like the other train/ keys
+            **({"train/later_passes/grad_norm": sum(norms[1:]) / len(norms[1:])} if len(norms) > 1 else {}),
             "train/sequences": float(len(sequences)),
             "train/tokens": float(total_tokens),
             "train/tokens_per_s": total_tokens / seconds,
@@ -294,11 +300,9 @@ class GRPOTrainer:
         )
         weight = batch_weight(cfg.loss_type, batch, sequences, stats.tokens, total_tokens)
         if not torch.isfinite(loss):
-            self.optimizer.zero_grad(set_to_none=True)
             raise TrainingAborted(
-                f"step {self.step_count + 1}: the loss is {loss.item()} (non-finite); the "
-                "weights were not updated and no checkpoint was written. Lower "
-                "learning_rate or check the rewards for extreme values."
+                f"step {self.step_count + 1}: the loss is {loss.item()} (non-finite); the weights are as before the "
+                "step and no checkpoint was written. Lower learning_rate or check the rewards for extreme values."
             )
         (loss * weight).backward()
         share = stats.tokens / max(total_tokens, 1)
@@ -317,6 +321,27 @@ class GRPOTrainer:
             tokens, mass = grammar_mass(masks, mask, log_mass)
             sums["grammar/tokens"] += tokens
             sums["grammar/mass"] += mass
+
+    @contextlib.contextmanager
+    def _all_or_nothing(self, several_passes: bool) -> Iterator[None]:
+        """On ``TrainingAborted`` the LoRA and the optimizer's state go back to what they were on entry and the
+        gradients are dropped. Only a step of several passes needs the copy (a LoRA's size, taken once a step): a
+        single pass aborts before its optimizer step."""
+        saved = None
+        if several_passes:
+            with torch.no_grad():
+                params = [p.detach().clone() for p in self._params]
+            saved = (params, copy.deepcopy(self.optimizer.state_dict()))
+        try:
+            yield
+        except TrainingAborted:
+            self.optimizer.zero_grad(set_to_none=True)
+            if saved is not None:
+                with torch.no_grad():
+                    for param, value in zip(self._params, saved[0], strict=True):
+                        param.copy_(value)
+                self.optimizer.load_state_dict(saved[1])
+            raise
 
     @contextlib.contextmanager
     def _training(self) -> Iterator[None]:
