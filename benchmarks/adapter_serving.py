@@ -46,7 +46,7 @@ def adapter(model: Path, out: Path) -> Path:
 
 async def time_engine(model: Path, folder: Path, options: dict[str, Any]) -> float:
     from langgraph_art.serve.engines.base import GenerationRequest, SamplingParams
-    from langgraph_art.serve.engines.hf import HFEngine
+    from langgraph_art.serve.engines.hf.engine import HFEngine
 
     engine = HFEngine(str(model), max_batch_size=ROWS, **options)
     await engine.start()

@@ -30,7 +30,7 @@ import torch
 from langgraph_art.models.grammar import Grammars, unpack
 from langgraph_art.models.loading import load_tokenizer, resolve_model
 from langgraph_art.serve.engines.base import GenerationRequest, SamplingParams
-from langgraph_art.serve.engines.hf import HFEngine
+from langgraph_art.serve.engines.hf.engine import HFEngine
 from langgraph_art.serve.structured import JSON_STYLE
 
 SCHEMA = {

@@ -30,7 +30,7 @@ import torch
 from langgraph_art.config import GRPOConfig
 from langgraph_art.models.loading import resolve_model
 from langgraph_art.serve.engines.base import GenerationRequest, SamplingParams
-from langgraph_art.serve.engines.hf import HFEngine
+from langgraph_art.serve.engines.hf.engine import HFEngine
 from langgraph_art.train.trainer import GRPOTrainer
 from langgraph_art.types import NodeSpan, Trajectory, TrajectoryGroup, Turn
 

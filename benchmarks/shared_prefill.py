@@ -20,7 +20,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch
 
 from langgraph_art.serve.engines.base import GenerationRequest, SamplingParams
-from langgraph_art.serve.engines.hf import HFEngine
+from langgraph_art.serve.engines.hf.engine import HFEngine
 
 N, NEW_TOKENS = 8, 32
 

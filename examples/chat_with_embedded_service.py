@@ -8,11 +8,11 @@ from __future__ import annotations
 from langchain_openai import ChatOpenAI
 from pydantic import SecretStr
 
-import langgraph_art as art
+from langgraph_art.serve import EmbeddedServer
 
 
 def main() -> None:
-    with art.EmbeddedServer("tiny") as server:  # builds the offline tiny model on first use
+    with EmbeddedServer("tiny") as server:  # builds the offline tiny model on first use
         llm = ChatOpenAI(
             base_url=server.base_url,
             api_key=SecretStr("unused"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import socket
 from typing import Annotated, Any
@@ -178,40 +179,28 @@ def demo(
     run_demo(steps=steps or 14, seed=seed, home=home, engine=engine, echo=typer.echo)
 
 
-export_app = typer.Typer(help="Send stored runs to other tools.", no_args_is_help=True)
+export_app = typer.Typer(
+    help="Send stored runs to other tools (commands come from the installed integrations).", no_args_is_help=True
+)
 app.add_typer(export_app, name="export")
+EXPORT_ENTRY_POINTS = "langgraph_art.export"
 
 
-@export_app.command("langfuse")
-def export_langfuse(
-    project: Annotated[str, typer.Option(help="the project whose store to export")],
-    home: Annotated[str, typer.Option(help="the folder holding the project (LANGGRAPH_ART_HOME)")] = ".art",
-    since: Annotated[int | None, typer.Option(help="only runs sampled by this policy step and later")] = None,
-) -> None:
-    """Send to Langfuse every stored run, score and training step it does not have yet (LANGFUSE_* keys)."""
-    from pathlib import Path
+def add_export_commands() -> None:
+    """``langgraph-art export NAME``: one command per ``langgraph_art.export`` entry point (a typer command function;
+    ``langgraph-art-langfuse`` gives ``export langfuse``). One that fails to load is left out with a warning."""
+    from importlib.metadata import entry_points
 
-    from langgraph_art.errors import ConfigError
-    from langgraph_art.integrations.langfuse import LangfuseExporter
-    from langgraph_art.runlog import read_records
-    from langgraph_art.store import TrajectoryStore
-
-    folder = Path(home) / project
-    if not (folder / "trajectories.sqlite").exists():
-        typer.echo(f"No store at {folder / 'trajectories.sqlite'}: check --project and --home.", err=True)
-        raise typer.Exit(2)
-    records = read_records(folder, since_step=since)
-    with TrajectoryStore.for_project(project, home) as store:
+    for entry in entry_points(group=EXPORT_ENTRY_POINTS):
         try:
-            exporter = LangfuseExporter(store)
-        except ConfigError as exc:
-            typer.echo(str(exc), err=True)
-            raise typer.Exit(2) from exc
-        typer.echo(f"Exporting {folder} to {exporter.settings.base_url} ...")
-        report = exporter.export(since_step=since, steps=records)
-    typer.echo(f"Langfuse: {report}")
-    if not report.ok:
-        raise typer.Exit(1)
+            command = entry.load()
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not take the whole CLI down
+            logging.getLogger(__name__).warning("export %s is unavailable: %s: %s", entry.name, type(exc).__name__, exc)
+            continue
+        export_app.command(entry.name)(command)
+
+
+add_export_commands()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -42,61 +42,66 @@ class GRPOConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    learning_rate: float = Field(1e-5, description="AdamW's learning rate for the LoRA (1e-5 to 1e-4 on a real model).")
+    learning_rate: float = Field(
+        default=1e-5, description="AdamW's learning rate for the LoRA (1e-5 to 1e-4 on a real model)."
+    )
     num_generations: int = Field(
-        8,
+        default=8,
         description="Runs per scenario: the group GRPO compares (>= 2). Trainer(num_generations=...) sets it too; "
         "giving both with different values is an error.",
     )
-    beta: float = Field(0.0, description="KL coefficient against the base model (0: no reference forward).")
-    epsilon: float = Field(0.2, description="Clip range of the importance ratio (PPO's epsilon).")
+    beta: float = Field(default=0.0, description="KL coefficient against the base model (0: no reference forward).")
+    epsilon: float = Field(default=0.2, description="Clip range of the importance ratio (PPO's epsilon).")
     epsilon_high: float | None = Field(
-        None, description="Upper clip range when it differs from epsilon (DAPO's clip-higher); None: epsilon."
+        default=None, description="Upper clip range when it differs from epsilon (DAPO's clip-higher); None: epsilon."
     )
     loss_type: Literal["grpo", "dr_grpo", "bnpo", "cispo", "gspo"] = Field(
-        "grpo",
+        default="grpo",
         description="How token losses are averaged and clipped: grpo (per sequence), dr_grpo (a constant), bnpo "
         "(per token of the batch), cispo (clipped weights), gspo (sequence-level ratios; needs a tiny epsilon).",
     )
     scale_rewards: Literal["group", "batch", "none"] = Field(
-        "group", description="Divide advantages by the reward std of the group, of the batch, or not at all."
+        default="group", description="Divide advantages by the reward std of the group, of the batch, or not at all."
     )
-    max_grad_norm: float = Field(1.0, description="Gradients are clipped to this global norm.")
-    weight_decay: float = Field(0.0, description="AdamW's weight decay.")
+    max_grad_norm: float = Field(default=1.0, description="Gradients are clipped to this global norm.")
+    weight_decay: float = Field(default=0.0, description="AdamW's weight decay.")
     per_device_train_batch_size: int = Field(
-        8, description="Sequences per micro-batch (gradient accumulation over the step's micro-batches)."
+        default=8, description="Sequences per micro-batch (gradient accumulation over the step's micro-batches)."
     )
     num_iterations: int = Field(
-        1,
+        default=1,
         description="Optimizer updates per step on the same runs (TRL's name; GRPO's mu). An abort in any pass "
         "leaves the weights as before the step.",
     )
-    max_length: int = Field(4096, description="Tokens per trained sequence; longer runs are truncated (counted).")
-    lora_r: int = Field(8, description="LoRA rank.")
-    lora_alpha: int = Field(16, description="LoRA alpha (the update is scaled by alpha / r).")
-    lora_dropout: float = Field(0.0, description="Dropout on the LoRA's input.")
+    max_length: int = Field(
+        default=4096, description="Tokens per trained sequence; longer runs are truncated (counted)."
+    )
+    lora_r: int = Field(default=8, description="LoRA rank.")
+    lora_alpha: int = Field(default=16, description="LoRA alpha (the update is scaled by alpha / r).")
+    lora_dropout: float = Field(default=0.0, description="Dropout on the LoRA's input.")
     target_modules: list[str] | str = Field(
-        "all-linear", description="Which linear layers get a LoRA: 'all-linear' or module names (peft's option)."
+        default="all-linear",
+        description="Which linear layers get a LoRA: 'all-linear' or module names (peft's option).",
     )
     trainable_nodes: list[str] | None = Field(
-        None, description="Train only the turns of these graph nodes (None: every node's turns)."
+        default=None, description="Train only the turns of these graph nodes (None: every node's turns)."
     )
-    save_total_limit: int = Field(3, description="Checkpoints kept (pinned ones are kept besides).")
-    seed: int = Field(0, description="Seeds the LoRA's initialisation.")
+    save_total_limit: int = Field(default=3, description="Checkpoints kept (pinned ones are kept besides).")
+    seed: int = Field(default=0, description="Seeds the LoRA's initialisation.")
     dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "auto", description="The trainer's weights; auto: bfloat16 on CUDA, float32 on CPU."
+        default="auto", description="The trainer's weights; auto: bfloat16 on CUDA, float32 on CPU."
     )
     gradient_checkpointing: bool | None = Field(
-        None,
+        default=None,
         description="Recompute each layer's activations in backward (memory for ~30% more step time). None: on for "
         "models of 256 MiB of weights and more on a GPU, 1 GiB and more on CPU; off for smaller ones, which keep the "
         "shared-prompt forward (one prompt forward per micro-batch, not possible under checkpointing).",
     )
     logits_chunk_size: int | None = Field(
-        None, description="Tokens per LM-head chunk; None: chunks of <= 2**26 logits (256 MB in float32)."
+        default=None, description="Tokens per LM-head chunk; None: chunks of <= 2**26 logits (256 MB in float32)."
     )
     constrained_logprobs: Literal["masked", "unmasked"] = Field(
-        "masked",
+        default="masked",
         description="Turns sampled under a grammar (structured output, forced tool calls): their logprobs are "
         "recomputed under the same mask (masked: the distribution they were sampled from) or the whole vocabulary "
         "(unmasked: the importance ratio then starts at the policy's mass inside the mask, not 1).",

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from langgraph_art.types import Trajectory
+
 
 class LangGraphArtError(Exception):
     """Base class of every error this package raises on purpose."""
@@ -54,4 +59,14 @@ class ServiceBusyError(LangGraphArtError):
 
 
 class TrainingAborted(LangGraphArtError):
-    """A step produced a non-finite loss or gradient; the weights were not updated and nothing was saved."""
+    """A step produced a non-finite loss or gradient (HTTP 422 from a service); the weights are as before the step
+    and nothing was saved."""
+
+
+class RolloutError(LangGraphArtError):
+    """Runs failed and ``on_failure="raise"`` was asked for; ``failed`` holds their trajectories (all stored)."""
+
+    def __init__(self, failed: list[Trajectory]) -> None:
+        self.failed = failed
+        first = failed[0].error if failed else ""
+        super().__init__(f"{len(failed)} run(s) failed; first error: {first}")

@@ -13,8 +13,9 @@ With ``eval_scenarios`` the policy is also evaluated on them (``evaluation.py``:
 never trained on) before the first step, every ``eval_every`` steps and after the last.
 Metrics go to ``<home>/<project>/runs/<name>/metrics.jsonl`` (one line per step, ``"split": "train"``, and one per
 evaluation, ``"split": "eval"``) and the reward curve (train and eval) to ``reward_curve.png`` beside it; the run
-log is ``runlog.py``. The same records go to the sinks (``sinks.py``): Langfuse (``LANGFUSE_*`` variables or
-``langfuse=True``), W&B (``WANDB_*`` or ``wandb=True``) and the user's own (``sinks=[...]``).
+log is ``runlog.py``. The same records go to the sinks (``sinks.py``): the installed integrations' (Langfuse by
+``LANGFUSE_*`` or ``langfuse=True`` with ``langgraph-art-langfuse``; W&B by ``WANDB_*`` or ``wandb=True`` with
+``langgraph-art-wandb``) and the user's own (``sinks=[...]``).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from langgraph_art.model import TrainableModel
 from langgraph_art.progress import ProgressBar
 from langgraph_art.rewards.combine import as_source, ascore_groups
 from langgraph_art.runlog import append_record, plot_rewards
-from langgraph_art.sinks import LangfuseSink, make_sinks
+from langgraph_art.sinks import make_sinks
 from langgraph_art.sync import run_sync
 
 log = logging.getLogger(__name__)
@@ -87,10 +88,11 @@ class Trainer:
         (default: ``rewards``) before the first step, every ``eval_every`` steps (None: only before and after) and
         after the last.
 
-        ``langfuse``: None exports to Langfuse when ``LANGFUSE_PUBLIC_KEY``/``LANGFUSE_SECRET_KEY`` are set, True
-        requires it, False never; or pass your own ``LangfuseExporter``. ``wandb``: None logs to W&B when
-        ``WANDB_API_KEY``/``WANDB_PROJECT`` is set or ``WANDB_MODE`` is offline/online, True requires it, False
-        never, a dict is passed to ``wandb.init``. ``sinks``: your own ``langgraph_art.Sink`` objects."""
+        ``langfuse`` / ``wandb``: handed to those integrations (``langgraph-art-langfuse``, ``langgraph-art-wandb``;
+        entry points, see ``sinks.py``). None follows the environment (Langfuse when ``LANGFUSE_PUBLIC_KEY`` and
+        ``LANGFUSE_SECRET_KEY`` are set; W&B when ``WANDB_API_KEY``/``WANDB_PROJECT`` is set or ``WANDB_MODE`` is
+        offline/online), True requires it, False never; Langfuse also takes your own ``LangfuseExporter``, W&B a
+        dict of ``wandb.init`` arguments. ``sinks``: your own ``langgraph_art.Sink`` objects."""
         if (
             isinstance(max_steps_off_policy, bool)
             or not isinstance(max_steps_off_policy, int)
@@ -121,10 +123,12 @@ class Trainer:
         self.evals: list[dict[str, Any]] = []  # one record per evaluation (as in metrics.jsonl)
         self._skips = 0  # training steps that found nothing to train on
         self.sinks = make_sinks(
-            langfuse=langfuse, wandb=wandb, extra=sinks, store=self.store, project=model.project, home=self.backend.home
+            settings={"langfuse": langfuse, "wandb": wandb},
+            extra=sinks,
+            store=self.store,
+            project=model.project,
+            home=self.backend.home,
         )
-        langfuse_sinks = [s.sink for s in self.sinks if isinstance(s.sink, LangfuseSink)]
-        self.exporter = langfuse_sinks[0].exporter if langfuse_sinks else None
 
     @property
     def run_dir(self) -> Path:

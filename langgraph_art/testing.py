@@ -18,6 +18,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.graph import START, MessagesState, StateGraph
 
 import langgraph_art as art
+from langgraph_art.types import StepResult
 
 LANGFUSE_VARS = ("LANGFUSE_PUBLIC_KEY", "LANGFUSE_SECRET_KEY", "LANGFUSE_BASE_URL", "LANGFUSE_HOST")
 _taken_langfuse_keys: dict[str, str] = {}
@@ -272,12 +273,12 @@ class FakeBackend:
     def trainer(self, model: art.TrainableModel, config: Any = None) -> None:
         self.prepared.append(config)
 
-    def train_step(self, model: art.TrainableModel, groups: Any, config: Any = None) -> art.StepResult:
+    def train_step(self, model: art.TrainableModel, groups: Any, config: Any = None) -> StepResult:
         self.received.append(list(groups))
         self.step += 1
         runs = [t for g in groups for t in g.completed()]
         mean = sum(t.reward for t in runs) / len(runs)
-        return art.StepResult(self.step, True, {"train/loss": 0.25}, advantages={t.id: t.reward - mean for t in runs})
+        return StepResult(self.step, True, {"train/loss": 0.25}, advantages={t.id: t.reward - mean for t in runs})
 
     def warmup(self, model: art.TrainableModel, examples: Any, **kwargs: Any) -> list[float]:
         return [1.0] * kwargs["steps"]

@@ -16,8 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from langgraph_art.serve.engines.base import FinishedEvent, GenerationRequest, SamplingParams  # noqa: E402
-from langgraph_art.serve.engines.fast import FastCache  # noqa: E402
-from langgraph_art.serve.engines.hf import HFEngine  # noqa: E402
+from langgraph_art.serve.engines.hf.engine import HFEngine  # noqa: E402
+from langgraph_art.serve.engines.hf.fast import FastCache  # noqa: E402
 from tests.helpers import WEATHER_TOOL  # noqa: E402
 from tests.test_fast_decode import save_adapter  # noqa: E402
 
@@ -179,7 +179,7 @@ def test_rows_that_leave_are_dropped_in_place() -> None:
 async def test_a_failed_join_fails_every_request_in_the_batch_and_the_engine_goes_on(
     engine: HFEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from langgraph_art.serve.engines import steps
+    from langgraph_art.serve.engines.hf import steps
 
     def broken(self: Any, batch: Any) -> Any:
         raise RuntimeError("prefill blew up")

@@ -39,7 +39,7 @@ pytestmark = pytest.mark.slow
 
 def vllm_available() -> bool:
     try:
-        from langgraph_art.serve.engines.vllm_engine import import_vllm
+        from langgraph_art.serve.engines.vllm.engine import import_vllm
 
         import_vllm()
     except Exception:  # noqa: BLE001 - any failure to import vLLM means: this environment has no vLLM
@@ -85,11 +85,11 @@ def server(request: pytest.FixtureRequest, model_path: Path, lora: Path) -> Iter
 
     name = "model"  # what requests ask for, whichever model it is
     if request.param == "hf":
-        from langgraph_art.serve.engines.hf import HFEngine
+        from langgraph_art.serve.engines.hf.engine import HFEngine
 
         engine: Any = HFEngine(str(model_path), served_name=name, max_model_len=CONTEXT)
     else:
-        from langgraph_art.serve.engines.vllm_engine import VLLMEngine
+        from langgraph_art.serve.engines.vllm.engine import VLLMEngine
 
         engine = VLLMEngine(str(model_path), served_name=name, max_lora_rank=8, device="cpu", max_model_len=CONTEXT)
     with EmbeddedServer(engine) as running:

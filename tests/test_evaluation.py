@@ -1,11 +1,10 @@
-"""Evaluation during training and the sinks (a user's, a failing one, W&B offline), against the fake backend."""
+"""Evaluation during training and the sinks (a user's, a failing one, an integration asked for but not installed),
+against the fake backend. W&B's own tests: integrations/wandb/tests."""
 
 from __future__ import annotations
 
-import glob
 import json
 import logging
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +120,6 @@ def test_a_failing_sink_is_logged_once_and_training_goes_on(tmp_path: Path, capl
         ({"eval_scenarios": HELD_OUT, "eval_generations": 0}, "eval_generations must be an int >= 1"),
         ({"eval_scenarios": [{"id": "x"}]}, "must be a dict with an 'input' key"),
         ({"sinks": [object()]}, "sinks= takes objects with name, start"),
-        ({"wandb": "yes"}, "wandb= takes True, False, None"),
     ],
 )
 def test_bad_settings_say_what_to_change(tmp_path: Path, kwargs: dict[str, Any], message: str) -> None:
@@ -136,81 +134,26 @@ def test_evaluate_on_its_own(tmp_path: Path) -> None:
     assert store.count(split="eval") == 4 and store.count(split="train") == 0
 
 
-# -- W&B, offline: the run files are written and read back -------------------------------------------------------
-def wandb_history(root: Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Every history row and the config in the offline run files under ``root`` (``run-<id>.wandb``: LevelDB log
-    records of W&B's ``Record`` protobuf, which the SDK no longer reads back itself)."""
-    from wandb.proto import wandb_internal_pb2
+def test_integrations_come_through_entry_points_and_a_missing_one_says_what_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    from importlib.metadata import EntryPoint
 
-    rows, config = [], {}
-    for path in sorted(glob.glob(str(root / "wandb" / "offline-run-*" / "run-*.wandb"))):
-        data, pos, chunks = Path(path).read_bytes(), 7, []
-        assert data[:4] == b":W&B", data[:7]
-        while pos + 7 <= len(data):
-            if 32768 - pos % 32768 < 7:  # a block's tail too short for a record header is padding
-                pos += 32768 - pos % 32768
-                continue
-            _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
-            chunks.append(data[pos + 7 : pos + 7 + length])
-            pos += 7 + length
-            if kind in (1, 4):  # FULL or LAST: a whole record
-                record = wandb_internal_pb2.Record()
-                record.ParseFromString(b"".join(chunks))
-                chunks = []
-                which = record.WhichOneof("record_type")
-                if which == "history":
-                    items = record.history.item
-                    rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in items})
-                elif which == "run":
-                    config.update({i.key: json.loads(i.value_json) for i in record.run.config.update})
-                elif which == "config":
-                    config.update({i.key: json.loads(i.value_json) for i in record.config.update})
-    return rows, config
+    from langgraph_art import sinks
 
-
-def test_wandb_offline_gets_config_train_and_eval_metrics_and_the_curve(tmp_path: Path, monkeypatch: Any) -> None:
-    pytest.importorskip("wandb")
-    monkeypatch.setenv("WANDB_MODE", "offline")
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    trainer, _ = trainer_for(tmp_path, wandb=None, eval_scenarios=HELD_OUT, eval_rewards=[held_out_score])
-    assert [s.name for s in trainer.sinks] == ["W&B"]  # on by WANDB_MODE alone
-    trainer.train(TRAIN, steps=3, progress=False)
-    rows, config = wandb_history(tmp_path)
-    train = {r["_step"]: r["reward/mean"] for r in rows if "reward/mean" in r}
-    evals = {r["_step"]: r["eval/reward/mean"] for r in rows if "eval/reward/mean" in r}
-    assert train == {i: pytest.approx(m["reward/mean"]) for i, m in enumerate(trainer.history, 1)}
-    assert evals == {0: pytest.approx(0.5), 3: pytest.approx(0.5)}
-    (curve,) = [r["reward_curve/path"] for r in rows if "reward_curve/path" in r]
-    assert glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "files" / curve))
-    assert {r.get("eval/policy_step") for r in rows if "eval/reward/mean" in r} == {0, 3}
-    assert config["learning_rate"] == trainer.config.learning_rate and config["model"] == "fake"
-    assert config["project"] == "evals"
-    trainer.train(TRAIN, steps=1, progress=False)  # the next call resumes the same W&B run
-    rows, _ = wandb_history(tmp_path)
-    assert max(r["_step"] for r in rows if "reward/mean" in r) == 4
-
-
-def test_wandb_failing_never_stops_training(tmp_path: Path, monkeypatch: Any, caplog: Any) -> None:
-    wandb = pytest.importorskip("wandb")
-
-    def refuse(**kwargs: Any) -> None:
-        raise wandb.errors.CommError("W&B is unreachable")
-
-    monkeypatch.setattr(wandb, "init", refuse)
-    trainer, _ = trainer_for(tmp_path, wandb={"project": "mine"})
+    monkeypatch.setattr(sinks, "installed_sinks", dict)  # nothing installed
+    with pytest.raises(art.ConfigError, match="pip install langgraph-art-wandb"):
+        trainer_for(tmp_path, wandb=True)
+    assert trainer_for(tmp_path, langfuse=None, wandb=None)[0].sinks == []  # not asked for: nothing needed
+    found = {"mine": EntryPoint("mine", "tests.test_evaluation:make_recording_sink", sinks.SINK_ENTRY_POINTS)}
+    found["broken"] = EntryPoint("broken", "no_such_module:make_sink", sinks.SINK_ENTRY_POINTS)
+    monkeypatch.setattr(sinks, "installed_sinks", lambda: found)
     with caplog.at_level(logging.WARNING):
-        assert len(trainer.train(TRAIN, steps=2, progress=False)) == 2
-    assert "W&B failed in start" in caplog.text and "W&B is unreachable" in caplog.text
+        trainer, _ = trainer_for(tmp_path)
+    assert [s.name for s in trainer.sinks] == ["recording"]  # the plugin's factory, called with its setting
+    assert "the broken sink integration failed to load" in caplog.text
 
 
-def test_wandb_follows_the_environment(tmp_path: Path, monkeypatch: Any) -> None:
-    pytest.importorskip("wandb")
-    for name in ("WANDB_API_KEY", "WANDB_PROJECT", "WANDB_MODE"):
-        monkeypatch.delenv(name, raising=False)
-    assert trainer_for(tmp_path, wandb=None)[0].sinks == []
-    monkeypatch.setenv("WANDB_PROJECT", "p")
-    assert [s.name for s in trainer_for(tmp_path, wandb=None)[0].sinks] == ["W&B"]
-    monkeypatch.setenv("WANDB_MODE", "disabled")
-    assert trainer_for(tmp_path, wandb=None)[0].sinks == []
-    assert trainer_for(tmp_path, wandb=False)[0].sinks == []
+def make_recording_sink(setting: Any, *, store: Any, project: str, home: Any) -> Recording:
+    assert setting is None and project == "evals" and store is not None
+    return Recording()

@@ -15,9 +15,9 @@ torch = pytest.importorskip("torch")
 
 from langgraph_art.errors import AdapterError  # noqa: E402
 from langgraph_art.serve.engines.base import GenerationRequest, SamplingParams  # noqa: E402
-from langgraph_art.serve.engines.fast import FastLM, unsupported  # noqa: E402
-from langgraph_art.serve.engines.hf import HFEngine  # noqa: E402
-from langgraph_art.serve.engines.prefill import build_prefill  # noqa: E402
+from langgraph_art.serve.engines.hf.engine import HFEngine  # noqa: E402
+from langgraph_art.serve.engines.hf.fast import FastLM, unsupported  # noqa: E402
+from langgraph_art.serve.engines.hf.prefill import build_prefill  # noqa: E402
 from tests.helpers import WEATHER_PROMPTS, WEATHER_TOOL  # noqa: E402
 
 
@@ -187,7 +187,7 @@ async def test_prompts_prefilled_apart_with_their_common_beginning_once_sample_t
     """Large batches of distinct prompts are prefilled prompt by prompt, their common beginning (here the system
     turn with the tool list) once: seeded samples as the transformers path gives, logprobs within 1e-4, also for
     rows that join a running batch and with a merged adapter."""
-    from langgraph_art.serve.engines import steps
+    from langgraph_art.serve.engines.hf import steps
 
     monkeypatch.setattr(steps, "APART_PREFILL_WORK", 0)  # the tiny model's batches are below the real threshold
     calls: list[int] = []

@@ -16,7 +16,7 @@ from langgraph_art.serve.engines.base import (  # noqa: E402
     GenerationRequest,
     SamplingParams,
 )
-from langgraph_art.serve.engines.hf import HFEngine  # noqa: E402
+from langgraph_art.serve.engines.hf.engine import HFEngine  # noqa: E402
 from tests.helpers import WEATHER_CALL, WEATHER_PROMPTS, WEATHER_TOOL  # noqa: E402
 
 

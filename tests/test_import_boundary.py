@@ -19,7 +19,7 @@ def test_light_submodules_stay_light() -> None:
     code = (
         "import json, sys; import langgraph_art.errors, langgraph_art.serve.engines.base, "
         "langgraph_art.serve.protocol, langgraph_art.cli, langgraph_art.models.loading, "
-        "langgraph_art.integrations.langfuse, langgraph_art.serve.engines.vllm_engine, "
+        "langgraph_art.serve, langgraph_art.serve.engines.vllm.engine, "
         "langgraph_art.serve.engines.choose, langgraph_art.loop, langgraph_art.sinks, langgraph_art.evaluation; "
         f"print(json.dumps([m for m in {list(HEAVY)!r} if m in sys.modules]))"
     )
@@ -28,9 +28,25 @@ def test_light_submodules_stay_light() -> None:
 
 
 def test_lazy_names_resolve() -> None:
-    code = "import langgraph_art as a; print(a.tiny_model.__name__, a.EmbeddedServer.__name__)"
+    code = (
+        "import langgraph_art as a, langgraph_art.serve as s; "
+        "print(a.Trainer.__name__, a.ChatART.__name__, s.EmbeddedServer.__name__, s.build_engine.__name__)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["tiny_model", "EmbeddedServer"]
+    assert out.stdout.split() == ["Trainer", "ChatART", "EmbeddedServer", "build_engine"]
+
+
+def test_every_public_name_resolves_and_the_version_comes_from_the_metadata() -> None:
+    from importlib.metadata import version
+
+    import langgraph_art
+    import langgraph_art.serve
+
+    for module in (langgraph_art, langgraph_art.serve):
+        for name in module.__all__:
+            assert getattr(module, name) is not None, name
+    assert langgraph_art.__version__ == version("langgraph-art")
+    assert len(langgraph_art.__all__) <= 32  # the workflow, its data, extension points and errors; not internals
 
 
 def test_unknown_attribute_is_a_clear_error() -> None:

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 import langgraph_art as art
+from langgraph_art.types import ModelRef
 from tests.helpers import digit_share, one_agent_graph
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -41,7 +42,7 @@ def test_digits_task_learns_end_to_end(tmp_path: Path) -> None:
         assert last == updates >= 4
         base_url = backend.server("tiny").base_url
         served = [a["name"] for a in httpx.get(f"{base_url}/adapters").json()["data"]]
-        served.sort(key=lambda name: art.ModelRef.parse(name).step or 0)
+        served.sort(key=lambda name: ModelRef.parse(name).step or 0)
         expected = [f"learning/digits@{s}" for s in range(last - 3, last + 1)]
         assert served == expected  # older steps unloaded, still on disk
         assert art.ChatART(model=model).invoke("hi").response_metadata["model_name"] == f"learning/digits@{last}"

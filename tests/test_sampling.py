@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from langgraph_art.serve.engines.sampling import process_logits, sample_tokens, top_logprobs  # noqa: E402
+from langgraph_art.serve.engines.hf.sampling import process_logits, sample_tokens, top_logprobs  # noqa: E402
 
 
 def test_temperature_scales_before_log_softmax() -> None:
@@ -82,7 +82,7 @@ def test_top_logprobs_sorted() -> None:
 
 
 def test_prefill_batches_each_distinct_prompt_once_left_padded() -> None:
-    from langgraph_art.serve.engines.prefill import build_prefill
+    from langgraph_art.serve.engines.hf.prefill import build_prefill
 
     batch = build_prefill([[5, 6, 7], [9], [5, 6, 7], [5, 6, 7]], pad=0, device="cpu")
     assert batch.input_ids.tolist() == [[5, 6, 7], [0, 0, 9]]

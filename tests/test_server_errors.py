@@ -155,7 +155,7 @@ class SlowEngine:
 
 async def test_503_while_loading_then_serves(tiny_path) -> None:
     from langgraph_art.serve.app import create_app
-    from langgraph_art.serve.engines.hf import HFEngine
+    from langgraph_art.serve.engines.hf.engine import HFEngine
 
     engine = SlowEngine(HFEngine(str(tiny_path), served_name="tiny"))
     app = create_app(engine)  # type: ignore[arg-type]
@@ -177,7 +177,7 @@ async def test_503_while_loading_then_serves(tiny_path) -> None:
 
 async def test_load_failure_is_reported_not_hung(tmp_path) -> None:
     from langgraph_art.serve.app import create_app
-    from langgraph_art.serve.engines.hf import HFEngine
+    from langgraph_art.serve.engines.hf.engine import HFEngine
 
     app = create_app(HFEngine(str(tmp_path / "missing" / "model")))
     transport = httpx.ASGITransport(app=app)

@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 import langgraph_art as art  # noqa: E402
 from langgraph_art.errors import AdapterError, ConfigError  # noqa: E402
 from langgraph_art.serve.engines.base import GenerationRequest, SamplingParams  # noqa: E402
-from langgraph_art.serve.engines.hf import HFEngine  # noqa: E402
+from langgraph_art.serve.engines.hf.engine import HFEngine  # noqa: E402
 from tests.helpers import digit_share, one_agent_graph  # noqa: E402
 from tests.test_fast_decode import prompts, save_adapter  # noqa: E402
 

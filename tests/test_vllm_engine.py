@@ -13,7 +13,7 @@ import pytest
 
 from langgraph_art.errors import AdapterError, ConfigError
 from langgraph_art.serve.engines.choose import build_engine, check_engine_options
-from langgraph_art.serve.engines.vllm_engine import (
+from langgraph_art.serve.engines.vllm.engine import (
     VLLMEngine,
     check_cpu_head_size,
     check_lora_for_vllm,
@@ -127,7 +127,7 @@ def test_another_vllm_version_is_refused(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_engines_are_chosen_by_name_and_their_options_checked(tiny_path: Path) -> None:
-    from langgraph_art.serve.engines.hf import HFEngine
+    from langgraph_art.serve.engines.hf.engine import HFEngine
 
     assert isinstance(build_engine("hf", tiny_path, max_batch_size=8, merge_adapters=None), HFEngine)
     assert isinstance(build_engine("vllm", tiny_path, max_loras=2, engine_args={"max_num_seqs": 4}), VLLMEngine)

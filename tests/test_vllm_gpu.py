@@ -35,7 +35,7 @@ def test_logprobs_agree_with_the_trainer_on_cuda(model: Path, dtype: str, tolera
 
     from langgraph_art.serve.embedded import EmbeddedServer
     from langgraph_art.serve.engines.base import GenerationRequest, SamplingParams
-    from langgraph_art.serve.engines.vllm_engine import VLLMEngine
+    from langgraph_art.serve.engines.vllm.engine import VLLMEngine
 
     engine = VLLMEngine(str(model), device="cuda", dtype=dtype, gpu_memory_utilization=0.2, enable_sleep_mode=False)
     reference = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()  # the trainer's fp32 view, CPU
@@ -59,7 +59,7 @@ def test_adapter_swaps_under_load_serve_each_request_its_own_weights(model: Path
 
     from langgraph_art.serve.embedded import EmbeddedServer
     from langgraph_art.serve.engines.base import GenerationRequest, SamplingParams
-    from langgraph_art.serve.engines.vllm_engine import VLLMEngine
+    from langgraph_art.serve.engines.vllm.engine import VLLMEngine
     from langgraph_art.serve.publish import publish
     from langgraph_art.types import ModelRef
 
@@ -130,7 +130,7 @@ def test_structured_output_on_cuda_replays_and_its_logprobs_are_masked(model: Pa
     from langgraph_art.models.grammar import unpack
     from langgraph_art.serve.embedded import EmbeddedServer
     from langgraph_art.serve.engines.base import GenerationRequest, SamplingParams
-    from langgraph_art.serve.engines.vllm_engine import VLLMEngine
+    from langgraph_art.serve.engines.vllm.engine import VLLMEngine
     from langgraph_art.train.loss import token_logprobs_and_entropy
     from tests.test_engine_conformance import route_grammar
 

@@ -22,22 +22,13 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from langgraph_art.capture.callbacks import TrajectoryCallbackHandler
 from langgraph_art.capture.messages import to_jsonable
 from langgraph_art.capture.recorder import TurnRecorder
-from langgraph_art.errors import ConfigError, LangGraphArtError
+from langgraph_art.errors import ConfigError, RolloutError
 from langgraph_art.progress import ProgressBar
 from langgraph_art.store import TrajectoryStore
 from langgraph_art.sync import run_sync
 from langgraph_art.types import Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)
-
-
-class RolloutError(LangGraphArtError):
-    """Runs failed and ``on_failure="raise"`` was asked for; ``failed`` holds their trajectories (all stored)."""
-
-    def __init__(self, failed: list[Trajectory]) -> None:
-        self.failed = failed
-        first = failed[0].error if failed else ""
-        super().__init__(f"{len(failed)} run(s) failed; first error: {first}")
 
 
 def _config(

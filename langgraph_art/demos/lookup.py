@@ -37,6 +37,7 @@ from langgraph.prebuilt import ToolNode, tools_condition
 
 import langgraph_art as art
 from langgraph_art.rewards.render import render_transcript
+from langgraph_art.types import ModelRef
 
 VALUES = {
     "alpha": "river",
@@ -204,7 +205,7 @@ def run_demo(
         png = trainer.run_dir / "reward_curve.png"
         echo(f"\nreward curve: {png}\nmetrics: {trainer.run_dir / 'metrics.jsonl'}")
         echo(
-            f"served now as {model.served_name!r} (= {art.ModelRef(model.served_name, backend.current_step(model))}); "
+            f"served now as {model.served_name!r} (= {ModelRef(model.served_name, backend.current_step(model))}); "
             f"{time.perf_counter() - started:.0f} s in all"
         )
         return {

@@ -28,6 +28,7 @@ from langgraph.prebuilt import ToolNode
 
 import langgraph_art as art
 from langgraph_art.rewards.render import render_transcript
+from langgraph_art.types import ModelRef
 
 Unit = Literal["m", "ft", "in", "cm", "km", "mi", "kg", "lb", "l", "gal"]
 NAMES = {"m": "meters", "ft": "feet", "in": "inches", "cm": "centimeters", "km": "kilometers", "mi": "miles",
@@ -151,7 +152,7 @@ def run_demo(
             echo(render_transcript(shown[1]))
         echo(f"\nreward curve: {trainer.run_dir / 'reward_curve.png'}\nmetrics: {trainer.run_dir / 'metrics.jsonl'}")
         seconds = time.perf_counter() - started
-        echo(f"served now as {model.served_name!r} (= {art.ModelRef(model.served_name, backend.current_step(model))}); "
+        echo(f"served now as {model.served_name!r} (= {ModelRef(model.served_name, backend.current_step(model))}); "
              f"{seconds:.0f} s in all")  # fmt: skip
         return {
             "curve": curve,

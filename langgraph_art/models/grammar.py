@@ -103,7 +103,7 @@ class Grammars:
 
     def replay(self, grammar: str, token_ids: Sequence[int]) -> Replay | None:
         """The packed mask before each of ``token_ids`` [n, W], as the sampler had it, and which tokens the grammar
-        forced (jump-forward, ``serve/engines/batch.py``): after each sampled token, the text the grammar then forces
+        forced (jump-forward, ``serve/engines/hf/batch.py``): after each sampled token, the text the grammar then forces
         as llguidance tokenizes it, where the ids go on with it. None when a token is not allowed where it stands
         (the turn was not sampled under this grammar, or with another tokenizer)."""
         matcher = self.matcher(grammar)

@@ -22,7 +22,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from langgraph_art import ModelRef, NodeSpan, ToolCallRecord, Trajectory, Turn
+from langgraph_art import Trajectory
+from langgraph_art.types import ModelRef, NodeSpan, ToolCallRecord, Turn
 
 TRACER_NAME = "langfuse-sdk"  # the SDK's instrumentation scope: the server reads our spans exactly like its own
 SCORE_SOURCE = "langgraph-art"  # metadata["source"] of the scores we write; imports skip them

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from langgraph_art.models.tiny import tiny_model
+from langgraph_art.serve import EmbeddedServer
 from langgraph_art.testing import take_langfuse_keys
 
 _REAL = take_langfuse_keys()  # real keys would make every Trainer here export: only the contract test gets them
@@ -30,20 +32,17 @@ def real_langfuse() -> dict[str, str]:
 def tiny_path() -> Path:
     import torch
 
-    import langgraph_art as art
-
     torch.set_num_threads(1)
-    return art.tiny_model()
+    return tiny_model()
 
 
 @pytest.fixture(scope="session")
 def server(tiny_path: Path) -> Iterator[Any]:
     import httpx
 
-    import langgraph_art as art
     from langgraph_art.testing import tool_call_adapter
 
     adapter = tool_call_adapter(tiny_path)
-    with art.EmbeddedServer(str(tiny_path), served_name="tiny") as running:
+    with EmbeddedServer(str(tiny_path), served_name="tiny") as running:
         httpx.post(f"{running.base_url}/adapters", json={"name": "weather@1", "path": str(adapter)}).raise_for_status()
         yield running

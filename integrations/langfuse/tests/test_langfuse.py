@@ -10,16 +10,17 @@ from typing import Any
 
 import pytest
 from langfuse_receiver import PUBLIC_KEY, SECRET_KEY, LangfuseReceiver
+from langgraph_art_langfuse import LangfuseExporter, LangfuseScoreReward, trace_id
 from langgraph_art_langfuse.traces import observation_id
 from typer.testing import CliRunner
 
 import langgraph_art as art
 from langgraph_art.cli import app
 from langgraph_art.errors import ConfigError, RewardError
-from langgraph_art.integrations.langfuse import LangfuseExporter, LangfuseScoreReward, trace_id
 from langgraph_art.rewards.decorators import Score
 from langgraph_art.testing import WEATHER_PROMPTS, one_agent_graph, tool_loop_graph
 from langgraph_art.train.advantages import group_advantages
+from langgraph_art.types import NodeSpan, ToolCallRecord, Turn
 
 pytestmark = pytest.mark.integration
 
@@ -349,7 +350,8 @@ def test_trainer_exports_by_configuration_alone_and_survives_an_outage(
         llm = art.ChatART(model=model, temperature=1.0, max_tokens=12)
         config = art.GRPOConfig(learning_rate=1e-2, seed=0)
         trainer = art.Trainer(one_agent_graph(llm), model, rewards=[variety], num_generations=4, config=config)
-        assert isinstance(trainer.exporter, LangfuseExporter)
+        assert [s.name for s in trainer.sinks] == ["Langfuse"]  # on by LANGFUSE_* alone, through its entry point
+        assert isinstance(trainer.sinks[0].sink.exporter, LangfuseExporter)
         scenarios = [{"id": "numbers", "input": {"messages": [("user", "Write some numbers.")]}}]
         with caplog.at_level("WARNING"):
             history = trainer.train(scenarios, steps=2, progress=False)
@@ -386,7 +388,7 @@ def test_trainer_langfuse_true_needs_keys(monkeypatch, tmp_path: Path) -> None:
     model = art.TrainableModel(name="m", project="p").register(art.LocalBackend(home=tmp_path))
     with pytest.raises(ConfigError, match="LANGFUSE_PUBLIC_KEY"):
         art.Trainer(object(), model, rewards=[variety], langfuse=True)  # type: ignore[arg-type]
-    assert art.Trainer(object(), model, rewards=[variety]).exporter is None  # type: ignore[arg-type]
+    assert art.Trainer(object(), model, rewards=[variety]).sinks == []  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="LangfuseExporter"):
         art.Trainer(object(), model, rewards=[variety], langfuse="yes")  # type: ignore[arg-type]
 
@@ -398,12 +400,12 @@ def test_a_step_bigger_than_the_default_otel_queue_loses_no_span(receiver, tmp_p
     runs = []
     for i in range(300):
         turns = [
-            art.Turn(id=f"{i}-{k}", token_ids=[1, 2], logprobs=[-0.5, -0.5], model="m@0", start_time=now + k)
+            Turn(id=f"{i}-{k}", token_ids=[1, 2], logprobs=[-0.5, -0.5], model="m@0", start_time=now + k)
             for k in range(3)
         ]
-        calls = [art.ToolCallRecord(name="tool", run_id=f"{i}-{k}", start_time=now + k) for k in range(4)]
-        spans = [art.NodeSpan(id=f"{i}-a", name="agent", start_time=now, turns=turns)]
-        spans.append(art.NodeSpan(id=f"{i}-t", name="tools", start_time=now + 1, tool_calls=calls))
+        calls = [ToolCallRecord(name="tool", run_id=f"{i}-{k}", start_time=now + k) for k in range(4)]
+        spans = [NodeSpan(id=f"{i}-a", name="agent", start_time=now, turns=turns)]
+        spans.append(NodeSpan(id=f"{i}-t", name="tools", start_time=now + 1, tool_calls=calls))
         runs.append(art.Trajectory(id=f"run-{i}", spans=spans, status="ok", start_time=now, end_time=now + 5))
     store.add_trajectories(runs)
     report = exporter_for(receiver, store).export()

@@ -14,9 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from langgraph_art_langfuse import LangfuseExporter, LangfuseScoreReward, trace_id
 
 import langgraph_art as art
-from langgraph_art.integrations.langfuse import LangfuseExporter, LangfuseScoreReward, trace_id
+from langgraph_art.types import NodeSpan, ToolCallRecord, Turn
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +38,7 @@ def keys(real_langfuse: dict[str, str]) -> dict[str, str]:
 
 def one_trajectory() -> art.Trajectory:
     now = time.time() - 5
-    turn = art.Turn(
+    turn = Turn(
         id=uuid.uuid4().hex,
         messages=[{"role": "user", "content": "Weather in Paris?"}],
         output={"role": "assistant", "content": "It is sunny in Paris."},
@@ -50,7 +51,7 @@ def one_trajectory() -> art.Trajectory:
         start_time=now + 0.1,
         latency_s=0.5,
     )
-    call = art.ToolCallRecord(
+    call = ToolCallRecord(
         id="c1",
         run_id="r1",
         name="get_weather",
@@ -59,7 +60,7 @@ def one_trajectory() -> art.Trajectory:
         start_time=now + 0.7,
         end_time=now + 0.8,
     )
-    span = art.NodeSpan(
+    span = NodeSpan(
         id="n1", name="agent", step=1, start_time=now, end_time=now + 1, status="ok", turns=[turn], tool_calls=[call]
     )
     return art.Trajectory(

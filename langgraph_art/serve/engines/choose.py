@@ -63,10 +63,10 @@ def build_engine(engine: str, model: str | os.PathLike[str], *, served_name: str
     options = {key: value for key, value in options.items() if value is not None}
     check_engine_options(engine, options)
     if engine == "vllm":
-        from langgraph_art.serve.engines.vllm_engine import VLLMEngine
+        from langgraph_art.serve.engines.vllm.engine import VLLMEngine
 
         extra = options.pop("engine_args", None) or {}
         return VLLMEngine(model, served_name=served_name, **options, **extra)
-    from langgraph_art.serve.engines.hf import HFEngine
+    from langgraph_art.serve.engines.hf.engine import HFEngine
 
     return HFEngine(model, served_name=served_name, **options)

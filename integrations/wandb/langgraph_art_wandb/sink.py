@@ -1,11 +1,7 @@
-"""Weights & Biases for ``Trainer``: the run's configuration, every training step's and evaluation's metrics, and
-the reward curve, as one W&B run per ``Trainer`` (``pip install 'langgraph-art[wandb]'``).
-
-On by ``WANDB_API_KEY``/``WANDB_PROJECT``/``WANDB_MODE`` or ``Trainer(wandb=True)`` / ``wandb={...}`` (arguments for
-``wandb.init``); see ``langgraph_art.sinks.make_wandb_sink``. The W&B step is the training iteration (1, 2, ... in
-this Trainer; 0 is the evaluation before the first step), so train and eval curves share the x axis. Each
-``train()`` call ends the W&B run (its files complete, the curve uploaded) and the next one resumes it under the
-same id. W&B failures are logged, never raised into training (``sinks.SafeSink``).
+"""``WandbSink``: the run's configuration, every training step's and evaluation's metrics, and the reward curve, as
+one W&B run per ``Trainer`` (made by ``langgraph_art_wandb.make_sink``, which says when it is on). Each ``train()``
+call ends the W&B run (its files complete, the curve uploaded) and the next one resumes it under the same id. W&B
+failures are logged, never raised into training (core's ``SafeSink``).
 """
 
 from __future__ import annotations

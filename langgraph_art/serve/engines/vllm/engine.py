@@ -53,7 +53,7 @@ from langgraph_art.serve.engines.base import (
     stop_position,
     token_budget,
 )
-from langgraph_art.serve.engines.vllm_checks import (
+from langgraph_art.serve.engines.vllm.checks import (
     LORA_RANKS,
     check_cpu_head_size,
     check_lora_for_vllm,

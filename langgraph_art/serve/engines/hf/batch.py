@@ -31,10 +31,10 @@ from typing import Any
 
 import torch
 
-from langgraph_art.serve.engines import sampling
 from langgraph_art.serve.engines.base import GenerationRequest, Sample, StreamEvent, TokenEvent
-from langgraph_art.serve.engines.prefill import build_prefill
-from langgraph_art.serve.engines.steps import Steps
+from langgraph_art.serve.engines.hf import sampling
+from langgraph_art.serve.engines.hf.prefill import build_prefill
+from langgraph_art.serve.engines.hf.steps import Steps
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,6 @@ from langgraph_art.models.loading import (
     weight_bytes,
 )
 from langgraph_art.models.lora import HookedLora, SharedBase
-from langgraph_art.serve.engines.adapters import AdapterSet
 from langgraph_art.serve.engines.base import (
     FinishedEvent,
     GenerationRequest,
@@ -48,10 +47,11 @@ from langgraph_art.serve.engines.base import (
     stop_position,
     token_budget,
 )
-from langgraph_art.serve.engines.batch import Job, Row, RunningBatch
-from langgraph_art.serve.engines.fast import FastLM
-from langgraph_art.serve.engines.schedule import Command, WorkQueue, run_command, set_exception, set_result
-from langgraph_art.serve.engines.steps import FastSteps, HFSteps, Steps
+from langgraph_art.serve.engines.hf.adapters import AdapterSet
+from langgraph_art.serve.engines.hf.batch import Job, Row, RunningBatch
+from langgraph_art.serve.engines.hf.fast import FastLM
+from langgraph_art.serve.engines.hf.schedule import Command, WorkQueue, run_command, set_exception, set_result
+from langgraph_art.serve.engines.hf.steps import FastSteps, HFSteps, Steps
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from langgraph_art.serve.engines.batch import Job
+from langgraph_art.serve.engines.hf.batch import Job
 
 
 @dataclass

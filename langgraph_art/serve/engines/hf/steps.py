@@ -17,8 +17,8 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from langgraph_art.models.loading import cache_of
-from langgraph_art.serve.engines.fast import FastCache, FastLM, FastLora
-from langgraph_art.serve.engines.prefill import Prefill
+from langgraph_art.serve.engines.hf.fast import FastCache, FastLM, FastLora
+from langgraph_art.serve.engines.hf.prefill import Prefill
 
 # FastSteps.prefill: a batch of distinct prompts whose padded forward would be at least this large (rows x width x
 # hidden) is prefilled prompt by prompt instead (``_prefill_apart``); below, the one padded forward costs less than the
