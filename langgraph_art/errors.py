@@ -1,8 +1,13 @@
-"""Exceptions raised by langgraph-art. Every message says what was wrong and what to change."""
+"""Exceptions raised by langgraph-art. Every message says what was wrong and what to change.
+
+``HTTP_ERRORS`` is the one vocabulary between the service and its clients: the service answers each error class with
+its row's status, OpenAI error type and code (``serve/http_errors.py``), and ``RemoteBackend`` raises the class of the
+row an answer matches (``error_from_http``), so a remote step fails as a local one does.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from langgraph_art.types import Trajectory
@@ -70,3 +75,44 @@ class RolloutError(LangGraphArtError):
         self.failed = failed
         first = failed[0].error if failed else ""
         super().__init__(f"{len(failed)} run(s) failed; first error: {first}")
+
+
+# (class, HTTP status, OpenAI error type, code): a subclass before its base; code None = the error's own ``code``
+HTTP_ERRORS: tuple[tuple[type[LangGraphArtError], int, str, str | None], ...] = (
+    (ContextLengthError, 400, "invalid_request_error", "context_length_exceeded"),
+    (RequestError, 400, "invalid_request_error", None),
+    (AdapterError, 400, "invalid_request_error", "invalid_adapter"),
+    (ConfigError, 400, "invalid_request_error", "invalid_config"),
+    (ModelNotFoundError, 404, "invalid_request_error", "model_not_found"),
+    (TrainingAborted, 422, "training_error", "aborted"),
+    (ServiceBusyError, 429, "rate_limit_error", "busy"),
+    (EngineNotReadyError, 503, "service_unavailable", "loading"),
+)
+RETRY_AFTER = {429: 5, 503: 2}  # seconds the service asks a client to wait (the ``retry-after`` header)
+
+
+def http_row(error: LangGraphArtError) -> tuple[int, str, str | None]:
+    """The status, OpenAI error type and code the service answers ``error`` with (500 for one not in the table)."""
+    for cls, status, kind, code in HTTP_ERRORS:
+        if isinstance(error, cls):
+            return status, kind, code if code is not None else getattr(error, "code", None)
+    return 500, "server_error", None
+
+
+def error_from_http(status: int, error: dict[str, Any], where: str) -> LangGraphArtError:
+    """The exception a service's error answer stands for (``error``: the ``{"message", "type", "param", "code"}``
+    object of OpenAI's error JSON): the row with its code, else the first with its status; ``where`` names the
+    service in the message of anything else."""
+    message, code, param = str(error.get("message") or ""), error.get("code"), error.get("param")
+    rows = [r for r in HTTP_ERRORS if r[3] is not None and r[3] == code and r[1] == status]
+    rows = rows or [r for r in HTTP_ERRORS if r[1] == status and r[0] is not ContextLengthError]
+    if not rows:
+        return LangGraphArtError(f"{where} answered {status}: {message or error}")
+    cls = rows[0][0]
+    if cls is ContextLengthError:
+        return ContextLengthError(message, param or "messages")
+    if issubclass(cls, RequestError):
+        return RequestError(message, param, code or "invalid_request")
+    if cls is ModelNotFoundError:
+        return ModelNotFoundError(message, param or "model")
+    return cls(message)

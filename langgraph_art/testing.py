@@ -78,7 +78,7 @@ def random_lora(model_path: Path, out: Path, seed: int, **config: Any) -> Path:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from langgraph_art.models.loading import quiet_transformers
+    from langgraph_art.models.quiet import quiet_transformers
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
@@ -131,7 +131,7 @@ def train_tool_call_adapter(
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from langgraph_art.models.loading import quiet_transformers
+    from langgraph_art.models.quiet import quiet_transformers
     from langgraph_art.serve.chat import render_prompt
     from langgraph_art.serve.protocol import Tool
 

@@ -14,7 +14,8 @@ from pydantic import BaseModel
 
 from langgraph_art.errors import RequestError
 from langgraph_art.serve.protocol import ChatCompletionRequest
-from langgraph_art.serve.structured import ToolCallFormat, request_constraint, response_schema, strict_schema
+from langgraph_art.serve.schemas import response_schema, strict_schema
+from langgraph_art.serve.structured import ToolCallFormat, request_constraint
 
 JOKE = {
     "type": "object",

@@ -3,16 +3,20 @@ roll out against one service; the GRPO steps and checkpoints happen in the servi
 
 from __future__ import annotations
 
+import logging
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from langgraph_art.backends.base import register_policy
-from langgraph_art.errors import ConfigError
+from langgraph_art.errors import RETRY_AFTER, ConfigError, error_from_http
 from langgraph_art.model import TrainableModel
 from langgraph_art.store import TrajectoryStore, default_home
 from langgraph_art.types import StepResult, Trajectory
+
+log = logging.getLogger(__name__)
 
 
 class RemoteBackend:
@@ -21,9 +25,18 @@ class RemoteBackend:
     under ``home``."""
 
     def __init__(
-        self, base_url: str, api_key: str | None = None, *, home: str | Path | None = None, timeout: float = 600.0
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        home: str | Path | None = None,
+        timeout: float = 600.0,
+        max_wait: float = 60.0,
     ) -> None:
+        """``timeout``: seconds for one request (a training step included); ``max_wait``: how long a busy (429) or
+        loading (503) service is waited for, by its ``retry-after``, before the error is raised."""
         self.base_url = base_url.rstrip("/")
+        self.max_wait = max_wait
         self.api_key = api_key
         self.home = Path(home) if home is not None else default_home()
         self.timeout = timeout
@@ -84,16 +97,51 @@ class RemoteBackend:
         return list(self._call("post", f"/train/{model.name}/warmup", json=payload)["losses"])
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One request; an error answer raises what ``LocalBackend`` raises for the same failure
+        (``errors.error_from_http``): ``TrainingAborted`` (422), ``ServiceBusyError`` (429), ``RequestError`` /
+        ``ConfigError`` (400), ``EngineNotReadyError`` (503). A 429 or 503 is retried after the ``retry-after`` the
+        service sends, while ``max_wait`` seconds last; then it is raised."""
         headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        try:
-            response = httpx.request(method, f"{self.base_url}{path}", headers=headers, timeout=self.timeout, **kwargs)
-        except httpx.TransportError as exc:
-            raise ConfigError(f"cannot reach the langgraph-art service at {self.base_url}: {exc}") from exc
+        deadline = time.monotonic() + self.max_wait
+        while True:
+            try:
+                response = httpx.request(
+                    method, f"{self.base_url}{path}", headers=headers, timeout=self.timeout, **kwargs
+                )
+            except httpx.TransportError as exc:
+                raise ConfigError(
+                    f"cannot reach the langgraph-art service at {self.base_url}: {exc}; check the URL and that "
+                    "`langgraph-art serve` runs there"
+                ) from exc
+            if response.status_code == 200:
+                return response.json()
+            wait = retry_after(response)
+            if wait is None or time.monotonic() + wait > deadline:
+                raise self._error(response, path)
+            log.info("%s answered %d; retrying in %.1f s", self.base_url, response.status_code, wait)
+            time.sleep(wait)  # the wait the service asked for
+
+    def _error(self, response: httpx.Response, path: str) -> Exception:
         if response.status_code == 404 and path.startswith("/train"):
-            raise ConfigError(
+            return ConfigError(
                 f"the service at {self.base_url} has no training API: start it with "
                 "`langgraph-art serve` (training is on by default)"
             )
-        if response.status_code != 200:
-            raise ConfigError(f"the service at {self.base_url} answered {response.status_code}: {response.text}")
-        return response.json()
+        if response.status_code == 401:
+            return ConfigError(f"the service at {self.base_url} refused the API key: pass api_key= (its --api-key)")
+        try:
+            error = response.json()["error"]
+        except (ValueError, KeyError, TypeError):
+            error = {"message": response.text}
+        return error_from_http(response.status_code, error, f"the service at {self.base_url}")
+
+
+def retry_after(response: httpx.Response) -> float | None:
+    """Seconds to wait before asking again: a 429 or 503's ``retry-after`` (seconds; 1 when absent or not a
+    number); None for every other answer."""
+    if response.status_code not in RETRY_AFTER:
+        return None
+    try:
+        return max(0.0, float(response.headers.get("retry-after", "1")))
+    except ValueError:
+        return 1.0

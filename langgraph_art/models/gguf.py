@@ -165,7 +165,7 @@ def _convert(file: Path, folder: Path) -> None:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from langgraph_art.models.loading import quiet_transformers
+    from langgraph_art.models.quiet import quiet_transformers
 
     log.warning("converting %s to a float32 model folder (once; cached under %s)", file.name, folder.parent)
     with quiet_transformers(), _no_dequantizing_bar():

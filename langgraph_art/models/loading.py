@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from langgraph_art.models.quiet import quiet_transformers
 
 TINY_ALIASES: dict[str, dict[str, Any]] = {
     "tiny": {},
@@ -56,24 +55,6 @@ def resolve_model(model: str | os.PathLike[str]) -> str:
         if model.endswith(".gguf"):
             raise FileNotFoundError(f"GGUF file {model!r} does not exist")
     return model
-
-
-@contextlib.contextmanager
-def quiet_transformers() -> Iterator[None]:
-    """Inside our own loading and saving: no transformers progress bars ("Loading weights", "Writing model shards")
-    and no FutureWarnings from transformers or peft about their own internals. The user's settings come back after:
-    nothing changes process-wide."""
-    from transformers.utils import logging as hf_logging
-
-    shown = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", category=FutureWarning, module=r"(transformers|peft)(\.|$)")
-            yield
-    finally:
-        if shown:
-            hf_logging.enable_progress_bar()
 
 
 def pick_device(device: str | None = None) -> str:

@@ -22,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from langgraph_art.models.loading import quiet_transformers
+from langgraph_art.models.quiet import quiet_transformers
 
 BUILD_VERSION = 1
 NORM_SCALE = 16.0

@@ -1,5 +1,6 @@
-"""Every error the service answers in OpenAI's error JSON: 400 naming the field (``param``), 404 unknown model or
-adapter, 429 busy, 503 loading, 500 (logged) for anything unexpected."""
+"""Every error the service answers in OpenAI's error JSON, by the one table both sides read (``errors.HTTP_ERRORS``):
+400 naming the field (``param``), 404 unknown model or adapter, 422 training aborted, 429 busy, 503 loading (both
+with ``retry-after``), 500 (logged) for anything unexpected."""
 
 from __future__ import annotations
 
@@ -10,13 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from langgraph_art.errors import (
-    AdapterError,
-    EngineNotReadyError,
-    ModelNotFoundError,
-    RequestError,
-    ServiceBusyError,
-)
+from langgraph_art.errors import RETRY_AFTER, AdapterError, LangGraphArtError, http_row
 from langgraph_art.serve.protocol import error_body
 
 log = logging.getLogger(__name__)
@@ -42,27 +37,18 @@ def install_error_handlers(app: FastAPI) -> None:
         message = f"{param or 'body'}: {first.get('msg', 'invalid value')}"
         return JSONResponse(error_body(message, "invalid_request_error", param, "invalid_value"), 400)
 
-    @app.exception_handler(RequestError)
-    async def bad_request(_: Request, exc: RequestError) -> JSONResponse:
-        return JSONResponse(error_body(exc.message, "invalid_request_error", exc.param, exc.code), 400)
-
-    @app.exception_handler(ModelNotFoundError)
-    async def not_found(_: Request, exc: ModelNotFoundError) -> JSONResponse:
-        return JSONResponse(error_body(exc.message, "invalid_request_error", exc.param, "model_not_found"), 404)
-
-    @app.exception_handler(AdapterError)
-    async def bad_adapter(_: Request, exc: AdapterError) -> JSONResponse:
-        return JSONResponse(error_body(str(exc), "invalid_request_error", "path", "invalid_adapter"), 400)
-
-    @app.exception_handler(EngineNotReadyError)
-    async def not_ready(_: Request, exc: EngineNotReadyError) -> JSONResponse:
-        return JSONResponse(
-            error_body(str(exc), "service_unavailable", None, "loading"), 503, headers={"retry-after": "2"}
-        )
-
-    @app.exception_handler(ServiceBusyError)
-    async def busy(_: Request, exc: ServiceBusyError) -> JSONResponse:
-        return JSONResponse(error_body(str(exc), "rate_limit_error", None, "busy"), 429, headers={"retry-after": "5"})
+    @app.exception_handler(LangGraphArtError)
+    async def known(_: Request, exc: LangGraphArtError) -> JSONResponse:
+        """Every error of ours by its row of ``errors.HTTP_ERRORS`` (500 and logged for one not in it)."""
+        status, kind, code = http_row(exc)
+        if status == 500:
+            log.error("unhandled error", exc_info=exc)
+            return JSONResponse(error_body(f"internal error: {type(exc).__name__}: {exc}", kind), 500)
+        message = getattr(exc, "message", None) or str(exc)
+        param = getattr(exc, "param", "path" if isinstance(exc, AdapterError) else None)
+        wait = RETRY_AFTER.get(status)
+        headers = {"retry-after": str(wait)} if wait else None
+        return JSONResponse(error_body(message, kind, param, code), status, headers=headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -2,7 +2,8 @@
 
 Fields we cannot honour without changing what the sampled logprobs mean (penalties, logit_bias) are refused
 with a 400 naming the field instead of being silently ignored. ``response_format`` (JSON schema, JSON object) and
-``tool_choice`` ("required", a named function) are enforced by constrained decoding (``structured.py``).
+``tool_choice`` ("required", a named function) are enforced by constrained decoding (``structured.py``); the
+response schema is parsed once per request (``schemas.py``).
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ import json
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from langgraph_art.errors import RequestError
 from langgraph_art.serve.engines.base import SamplingParams
-from langgraph_art.serve.structured import response_schema
+from langgraph_art.serve.schemas import response_schema
 
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 
@@ -122,6 +123,14 @@ class ChatCompletionRequest(_Lenient):
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
     ignore_eos: bool = False  # vLLM's extra parameter: sample up to max_tokens even past an end-of-turn token
+    _answer_schema: tuple[dict[str, Any] | None] | None = PrivateAttr(default=None)
+
+    def answer_schema(self) -> dict[str, Any] | None:
+        """The JSON schema ``response_format`` asks for (``schemas.response_schema``), None for text; parsed once per
+        request. Raises ``RequestError`` naming what is malformed."""
+        if self._answer_schema is None:
+            self._answer_schema = (response_schema(self.response_format),)
+        return self._answer_schema[0]
 
     def check_supported(self) -> None:
         """Refuse fields we cannot honour, naming the field (a 400, not a silent no-op)."""
@@ -130,7 +139,7 @@ class ChatCompletionRequest(_Lenient):
                 raise RequestError(f"{name} is not supported (it would change what the logprobs mean); omit it", name)
         if self.logit_bias:
             raise RequestError("logit_bias is not supported; omit it", "logit_bias")
-        structured = response_schema(self.response_format) is not None  # a malformed one is a 400 here
+        structured = self.answer_schema() is not None  # a malformed one is a 400 here
         forced = self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
         if self.ignore_eos and (structured or forced):
             raise RequestError(

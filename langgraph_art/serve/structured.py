@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from langgraph_art.errors import RequestError
+from langgraph_art.serve.schemas import strict_schema
 
 if TYPE_CHECKING:
     from langgraph_art.serve.protocol import ChatCompletionRequest
@@ -35,10 +36,6 @@ log = logging.getLogger(__name__)
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _NAME, _ARGS = "__langgraph_art_probe__", {"__langgraph_art_argument__": 1}
-# keys whose values are schemas, lists of schemas, or maps of name -> schema (JSON Schema 2020-12 and draft 7)
-_SCHEMA = ("items", "not", "if", "then", "else", "contains", "additionalProperties", "propertyNames")
-_SCHEMAS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 
 
 @dataclass(frozen=True)
@@ -91,7 +88,7 @@ class ToolCallFormat:
 def request_constraint(body: ChatCompletionRequest, calls: ToolCallFormat | None) -> Constraint | None:
     """The grammar ``body`` asks for (see the module's docstring), None for free text. Raises ``RequestError`` for
     a response format or tool choice that cannot be enforced."""
-    answer = response_schema(body.response_format)
+    answer = body.answer_schema()  # parsed once, when the request was checked
     tools = body.tools or []
     choice = body.tool_choice
     named = not (choice is None or isinstance(choice, str))
@@ -132,56 +129,6 @@ def request_constraint(body: ChatCompletionRequest, calls: ToolCallFormat | None
         rules.append(f"answer: {_json(answer)}")
         alternatives.append("answer")
     return Constraint("\n".join([f"start: {' | '.join(alternatives)}", *rules]) + "\n", tuple(schemas))
-
-
-def response_schema(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The JSON schema a ``response_format`` asks for (``{"type": "object"}`` for a plain ``json_object``), or None
-    for text. Raises ``RequestError`` naming what is malformed."""
-    if not response_format:
-        return None
-    kind = response_format.get("type")
-    if kind in (None, "text"):
-        return None
-    if kind == "json_object":
-        schema = response_format.get("schema")
-        if schema is None:
-            return {"type": "object"}
-        if not isinstance(schema, dict):
-            raise RequestError("response_format.schema must be a JSON schema object", "response_format")
-        return strict_schema(schema)
-    if kind == "json_schema":
-        spec = response_format.get("json_schema")
-        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
-            raise RequestError(
-                'response_format json_schema needs {"json_schema": {"name": ..., "schema": {...}}}', "response_format"
-            )
-        return strict_schema(spec["schema"])
-    raise RequestError(
-        f"response_format type {kind!r} is not supported; use 'text', 'json_object' or 'json_schema'",
-        "response_format",
-    )
-
-
-def strict_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """A copy of ``schema`` in which every object schema that lists ``properties`` and says nothing about extra keys
-    has ``additionalProperties: false``."""
-    if not isinstance(schema, dict):
-        return schema
-    out = dict(schema)
-    if "properties" in out and "additionalProperties" not in out and "patternProperties" not in out:
-        out["additionalProperties"] = False
-    for key in _SCHEMA:
-        if isinstance(out.get(key), dict):
-            out[key] = strict_schema(out[key])
-    for key in _SCHEMAS:
-        if isinstance(out.get(key), list):
-            out[key] = [strict_schema(s) for s in out[key]]
-    if isinstance(out.get("items"), list):  # draft 7 tuple validation
-        out["items"] = [strict_schema(s) for s in out["items"]]
-    for key in _SCHEMA_MAPS:
-        if isinstance(out.get(key), dict):
-            out[key] = {name: strict_schema(s) for name, s in out[key].items()}
-    return out
 
 
 def _json(schema: dict[str, Any]) -> str:

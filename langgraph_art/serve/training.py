@@ -17,12 +17,11 @@ import asyncio
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter
-from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from langgraph_art.config import NAME_PATTERN, GRPOConfig, check_name, served_name
 from langgraph_art.errors import ConfigError, LangGraphArtError, RequestError, ServiceBusyError, TrainingAborted
-from langgraph_art.serve.protocol import Tool, ToolCall, error_body
+from langgraph_art.serve.protocol import Tool, ToolCall
 from langgraph_art.serve.publish import publish, trainer_turn_async
 from langgraph_art.types import ModelRef, Trajectory, TrajectoryGroup
 
@@ -77,9 +76,6 @@ def training_router(engine: Any, policies: Any, *, keep_loaded: int = 4) -> APIR
         except ValueError as exc:
             raise RequestError(f"{field} {exc}", field) from None
 
-    def aborted(exc: TrainingAborted) -> JSONResponse:
-        return JSONResponse(error_body(str(exc), "training_error", None, "aborted"), 422)
-
     @router.get("/v1/train/{policy}")
     async def status(policy: str, project: str) -> dict[str, Any]:
         step = policies.current_step(plain(project, "project"), plain(policy))
@@ -92,10 +88,10 @@ def training_router(engine: Any, policies: Any, *, keep_loaded: int = 4) -> APIR
                 result, folder = await asyncio.to_thread(
                     policies.step, body.project, plain(policy), body.groups, body.config
                 )
-        except TrainingAborted as exc:
-            return aborted(exc)
-        except ConfigError as exc:  # a config the live trainer cannot take (another LoRA shape)
-            raise RequestError(f"config: {exc}", "config", code="config_conflict") from exc
+        except (TrainingAborted, ServiceBusyError, RequestError):
+            raise  # 422 / 429 / 400 as they are (http_errors)
+        except ConfigError as exc:  # a config the live trainer cannot take (another LoRA shape): a ConfigError remotely
+            raise RequestError(f"config: {exc}", "config", code="invalid_config") from exc
         except ValueError as exc:  # input the trainer cannot use (token ids outside the vocabulary, ...)
             raise RequestError(f"groups: {exc}", "groups") from exc
         if folder is not None:
@@ -126,12 +122,10 @@ def training_router(engine: Any, policies: Any, *, keep_loaded: int = 4) -> APIR
                     learning_rate=body.learning_rate,
                     config=body.config,
                 )
-        except TrainingAborted as exc:
-            return aborted(exc)
-        except ConfigError as exc:
-            raise RequestError(f"config: {exc}", "config", code="config_conflict") from exc
-        except ServiceBusyError:
+        except (TrainingAborted, ServiceBusyError, RequestError):
             raise
+        except ConfigError as exc:
+            raise RequestError(f"config: {exc}", "config", code="invalid_config") from exc
         except (ValueError, LangGraphArtError) as exc:  # nothing to learn, a template that cannot render it
             raise RequestError(f"examples: {exc}", "examples") from exc
         await publish(engine, ModelRef(served_name(body.project, policy), step), folder, keep_loaded)

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 
 from langgraph_art.errors import AdapterError, ModelNotFoundError
-from langgraph_art.models.loading import quiet_transformers
 from langgraph_art.models.lora import Factor, HookedLora, read_plain_lora
+from langgraph_art.models.quiet import quiet_transformers
 
 
 @dataclass(frozen=True)
