@@ -163,7 +163,7 @@ def demo(
     home: Annotated[str, typer.Option(help="where checkpoints, runs and the store go")] = ".art",
     engine: Annotated[str, typer.Option(help="'hf' or 'vllm' (./dev demo --engine vllm sets vLLM up)")] = "hf",
 ) -> None:
-    """Train a tool-using LangGraph agent on a real model, SmolLM2-135M-Instruct (CPU, ~5 minutes), by GRPO alone."""
+    """Train a tool-using LangGraph agent on a real model, SmolLM2-135M-Instruct, by GRPO alone (~2.5 min, 2 CPUs)."""
     if tiny:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         from langgraph_art.demos.lookup import run_demo as run_lookup

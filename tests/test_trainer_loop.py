@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -93,3 +94,17 @@ def test_num_generations_is_said_in_one_place(tmp_path: Path) -> None:
         art.Trainer(graph, model, rewards=[by_generation], num_generations=2, config=chosen, langfuse=False)
     with pytest.raises(art.ConfigError, match="num_generations=1"):
         art.Trainer(graph, model, rewards=[by_generation], num_generations=1, langfuse=False)
+
+
+def test_a_run_whose_output_is_not_a_terminal_logs_one_plain_line_per_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A log file, CI, nohup: no bar (it would print nothing until the end), one line per step with reward and time;
+    the per-rollout bar stays silent."""
+    model = art.TrainableModel(name="fake", project="loop").register(FakeBackend(tmp_path))
+    trainer = art.Trainer(echo_graph(), model, rewards=[by_generation], num_generations=4, langfuse=False)
+    capsys.readouterr()
+    trainer.train([{"id": "q1", "input": {"messages": [("user", "hi")]}}], steps=3, progress=True)
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split("  ")[0] for line in lines] == ["training 1/3", "training 2/3", "training 3/3"], lines
+    assert all(re.search(r"reward 1\.500 ± 1\.118  step \d+\.\d\ds  elapsed \d+s$", line) for line in lines), lines

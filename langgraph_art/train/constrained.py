@@ -10,7 +10,8 @@ Why masks in the loss at all: the sampler drew from the policy renormalised over
 with ``Z`` the mass the policy puts inside the mask, and reported that logprob. Against the unmasked policy the
 importance ratio starts at ``Z`` instead of 1 (clipped whenever ``Z < 1 - epsilon``), and a forced token, whose
 sampling involved no choice, gets a gradient pushing the format up after good runs and down after bad ones.
-``GRPOConfig(constrained_logprobs="unmasked")`` trains that way anyway, for comparison (README, "Structured output").
+``GRPOConfig(constrained_logprobs="unmasked")`` trains that way anyway, for comparison
+(docs/guides/structured-output.md).
 """
 
 from __future__ import annotations

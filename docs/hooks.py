@@ -1,0 +1,203 @@
+"""mkdocs hooks (``hooks:`` in mkdocs.yml): reference tables generated from the code, and the example curves.
+
+- ``<!-- generated: grpo-config -->`` becomes a table of ``GRPOConfig``'s fields: name, type and default from the
+  pydantic model, help from the code: ``Field(description=...)``, else an attribute docstring, else the ``#``
+  comments on and above the field in ``langgraph_art/config.py``. A field with no help fails the build.
+- ``<!-- generated: cli -->`` becomes the ``langgraph-art`` commands with their options, walked from the Typer app
+  (``typer.main.get_command``: click objects).
+- ``<!-- generated: http-errors -->`` becomes the service's error table, from ``langgraph_art.errors.HTTP_ERRORS``
+  (status, class, OpenAI error type and code; the class's docstring says when).
+- The curves in ``examples/curves/`` are added to the site as ``examples/curves/*.png`` (they live outside
+  ``docs/``, beside the examples that draw them), so pages show them and strict mode checks the links.
+
+``python docs/hooks.py grpo-config|cli|http-errors`` prints a table, to look at without building.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import io
+import re
+import sys
+import tokenize
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+MARKER = re.compile(r"<!--\s*generated:\s*([a-z0-9-]+)\s*-->")
+
+
+# -- GRPOConfig ----------------------------------------------------------------------------------------------------
+def _source_help(path: Path, class_name: str) -> dict[str, str]:
+    """Help per field from the class body: an attribute docstring (a string right after the field), else the
+    comment on the field's line, with the comment lines right above it."""
+    text = path.read_text()
+    comments: dict[int, str] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.COMMENT:
+            comments[tok.start[0]] = tok.string.lstrip("#").strip()
+    lines = text.splitlines()
+    found: dict[str, str] = {}
+    for node in ast.walk(ast.parse(text)):
+        if not (isinstance(node, ast.ClassDef) and node.name == class_name):
+            continue
+        body = node.body
+        for i, item in enumerate(body):
+            if not (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)):
+                continue
+            name = item.target.id
+            after = body[i + 1] if i + 1 < len(body) else None
+            if (
+                isinstance(after, ast.Expr)
+                and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)
+            ):
+                found[name] = " ".join(after.value.value.split())
+                continue
+            above: list[str] = []
+            line = item.lineno - 1
+            while line >= 1 and lines[line - 1].strip().startswith("#"):
+                above.insert(0, comments.get(line, ""))
+                line -= 1
+            parts = [*above, *([comments[item.end_lineno]] if item.end_lineno in comments else [])]
+            if parts:
+                found[name] = " ".join(parts)
+    return found
+
+
+def _type_name(annotation: Any) -> str:
+    text = annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
+    return text.replace("typing.", "")
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def grpo_config_table() -> str:
+    from langgraph_art import config as module
+
+    cls = module.GRPOConfig
+    from_code = _source_help(Path(module.__file__), cls.__name__)
+    rows = ["| field | type | default | what it does |", "|---|---|---|---|"]
+    missing = []
+    for name, field in cls.model_fields.items():
+        help_text = field.description or from_code.get(name)
+        if not help_text:
+            missing.append(name)
+            continue
+        default = field.get_default()
+        kind = _type_name(field.annotation)  # a pipe inside a code span is the table extension's literal pipe
+        rows.append(f"| `{name}` | `{kind}` | `{default!r}` | {_cell(help_text)} |")
+    if missing:
+        raise ValueError(f"GRPOConfig fields without help (give them Field(description=...) in config.py): {missing}")
+    return "\n".join(rows)
+
+
+# -- CLI -----------------------------------------------------------------------------------------------------------
+def _param_type(param: Any) -> str:
+    bare = getattr(param, "bare_type", None)  # typer's own click (typer >= 0.26)
+    if callable(bare):
+        try:
+            return str(bare())
+        except TypeError:
+            pass
+    kind = getattr(param, "type", None)  # click
+    return str(getattr(kind, "name", kind or ""))
+
+
+def _commands(command: Any, path: list[str]) -> list[tuple[list[str], Any]]:
+    subcommands = getattr(command, "commands", None)
+    if not subcommands:
+        return [(path, command)]
+    out = [(path, command)] if path else []
+    for name in sorted(subcommands):
+        out += _commands(subcommands[name], [*path, name])
+    return out
+
+
+def cli_reference() -> str:
+    import typer.main
+
+    from langgraph_art.cli import app
+
+    root = typer.main.get_command(app)
+    out = []
+    for path, command in _commands(root, []):
+        out.append(f"### `langgraph-art {' '.join(path)}`\n")
+        if command.help:
+            out.append(" ".join(command.help.split()) + "\n")
+        if getattr(command, "commands", None):
+            out.append("Commands: " + ", ".join(f"`{name}`" for name in sorted(command.commands)) + ".\n")
+            continue
+        params = [p for p in command.params if not getattr(p, "hidden", False)]
+        if not params:
+            continue
+        out += ["| option | type | default | what it does |", "|---|---|---|---|"]
+        for p in params:
+            names = " / ".join(f"`{o}`" for o in [*p.opts, *(p.secondary_opts or [])])
+            if getattr(p, "multiple", False):
+                names += " (repeatable)"
+            if getattr(p, "required", False):
+                default = "required"
+            elif p.default is None:
+                default = ""
+            else:
+                default = f"`{p.default}`"
+            help_text = " ".join((p.help or "").split())
+            if getattr(p, "envvar", None):
+                help_text += f" (env `{p.envvar}`)"
+            kind = "flag" if getattr(p, "is_flag", False) else _param_type(p)
+            out.append(f"| {names} | {_cell(kind)} | {_cell(default)} | {_cell(help_text)} |")
+        out.append("")
+    return "\n".join(out)
+
+
+# -- HTTP errors ---------------------------------------------------------------------------------------------------
+def http_errors_table() -> str:
+    from langgraph_art import errors
+
+    rows = ["| status | error class | OpenAI `type` | `code` | when |", "|---|---|---|---|---|"]
+    for cls, status, kind, code in errors.HTTP_ERRORS:
+        when = re.sub(r"``([^`]+)``", r"`\1`", " ".join((cls.__doc__ or "").split()))  # reST -> Markdown
+        retry = errors.RETRY_AFTER.get(status)
+        if retry is not None:
+            when += f" The answer carries `retry-after: {retry}`."
+        shown = f"`{code}`" if code is not None else "the error's own (`invalid_request` by default)"
+        rows.append(f"| `{status}` | `{cls.__name__}` | `{kind}` | {shown} | {_cell(when)} |")
+    return "\n".join(rows)
+
+
+GENERATORS = {"grpo-config": grpo_config_table, "cli": cli_reference, "http-errors": http_errors_table}
+
+
+# -- mkdocs events -------------------------------------------------------------------------------------------------
+def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
+    def replace(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in GENERATORS:
+            raise ValueError(f"{page.file.src_uri}: unknown marker 'generated: {name}' (known: {sorted(GENERATORS)})")
+        return GENERATORS[name]()
+
+    return MARKER.sub(replace, markdown)
+
+
+def on_files(files: Any, config: Any) -> Any:
+    from mkdocs.structure.files import File
+
+    for png in sorted((ROOT / "examples" / "curves").glob("*.png")):
+        files.append(
+            File(
+                png.relative_to(ROOT).as_posix(),
+                src_dir=str(ROOT),
+                dest_dir=config["site_dir"],
+                use_directory_urls=config["use_directory_urls"],
+            )
+        )
+    return files
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    print(GENERATORS[sys.argv[1]]())
