@@ -15,7 +15,12 @@ PACKAGE = Path(__file__).resolve().parents[1]
 
 # What an integration may import from core: the top-level workflow names, the parts of a trajectory, the errors and
 # the run log's format (``metrics.jsonl``, which ``export langfuse`` sends).
-PUBLIC = {"langgraph_art": None, "langgraph_art.types": None, "langgraph_art.errors": None, "langgraph_art.runlog": None}
+PUBLIC = {
+    "langgraph_art": None,
+    "langgraph_art.types": None,
+    "langgraph_art.errors": None,
+    "langgraph_art.runlog": None,
+}
 
 
 def test_it_imports_only_the_public_api_of_langgraph_art() -> None:
