@@ -68,3 +68,16 @@ class TrainableModel(BaseModel):
     def served_name(self) -> str:
         """``project/name``: what the service answers to for this model (``project/name@step`` for a checkpoint)."""
         return served_name(self.project, self.name)
+
+    def pin(self, step: int) -> None:
+        """Keep checkpoint ``step`` (and servable as ``project/name@step``) whatever ``GRPOConfig.save_total_limit``
+        says: the best evaluation, a release. ``ModelNotFoundError`` (a ``LookupError``) when there is no such
+        checkpoint; ``ConfigError`` for a backend that keeps no checkpoints."""
+        pin = getattr(self.backend, "pin_checkpoint", None)
+        if pin is None:
+            raise ConfigError(
+                f"{type(self.backend).__name__} keeps no checkpoints to pin (LocalBackend, RemoteBackend do)"
+            )
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ConfigError(f"step must be an int >= 0 (a checkpoint), got {step!r}")
+        pin(self, step)

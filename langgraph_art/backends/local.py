@@ -133,6 +133,10 @@ class LocalBackend:
     def current_step(self, model: TrainableModel) -> int:
         return self.policies(model.base_model).current_step(model.project, model.name)
 
+    def pin_checkpoint(self, model: TrainableModel, step: int) -> None:
+        """``model.pin(step)``: keep that checkpoint whatever ``save_total_limit`` says."""
+        self.policies(model.base_model).pin(model.project, model.name, step)
+
     def train_step(self, model: TrainableModel, groups: Sequence[Any], config: Any = None) -> StepResult:
         """One GRPO step; when the weights changed, save checkpoint ``step`` and serve it as ``name@step``."""
         with self._trainer_turn(model):

@@ -67,6 +67,10 @@ class RemoteBackend:
         body = self._call("get", f"/train/{model.name}", params={"project": model.project})
         return int(body["step"])
 
+    def pin_checkpoint(self, model: TrainableModel, step: int) -> None:
+        """``model.pin(step)``, in the service (its checkpoints)."""
+        self._call("post", f"/train/{model.name}/pin", json={"project": model.project, "step": step})
+
     def train_step(self, model: TrainableModel, groups: Any, config: Any = None) -> StepResult:
         payload = {
             "project": model.project,
@@ -122,17 +126,17 @@ class RemoteBackend:
             time.sleep(wait)  # the wait the service asked for
 
     def _error(self, response: httpx.Response, path: str) -> Exception:
-        if response.status_code == 404 and path.startswith("/train"):
-            return ConfigError(
+        try:
+            error = response.json()["error"]
+        except (ValueError, KeyError, TypeError):
+            error = {"message": response.text}
+        if response.status_code == 404 and path.startswith("/train") and not error.get("code"):
+            return ConfigError(  # the route itself is missing (not a policy or checkpoint it does not know)
                 f"the service at {self.base_url} has no training API: start it with "
                 "`langgraph-art serve` (training is on by default)"
             )
         if response.status_code == 401:
             return ConfigError(f"the service at {self.base_url} refused the API key: pass api_key= (its --api-key)")
-        try:
-            error = response.json()["error"]
-        except (ValueError, KeyError, TypeError):
-            error = {"message": response.text}
         return error_from_http(response.status_code, error, f"the service at {self.base_url}")
 
 

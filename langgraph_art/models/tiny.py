@@ -6,8 +6,8 @@ is built from a fixed seed, and both are saved as a normal Hugging Face folder t
 ``from_pretrained`` loads like any hub model.
 
 Shortcut, named: the final norm weight is set to ``NORM_SCALE`` (16) at build time. A random-init model's logits
-are too flat for LoRA on attention/MLP layers to move the policy; this one line makes it learnable (see
-``shared/notes/tiny-model.md``: scale 8 learned partially, 4 not at all).
+are too flat for LoRA on attention/MLP layers to move the policy; this one line makes it learnable (measured when it
+was chosen: scale 8 learned partially, 4 not at all).
 """
 
 from __future__ import annotations

@@ -65,6 +65,12 @@ class WarmupRequest(BaseModel):
     config: GRPOConfig | None = None
 
 
+class PinRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    project: Name
+    step: int = Field(ge=0)
+
+
 def training_router(engine: Any, policies: Any, *, keep_loaded: int = 4) -> APIRouter:
     """Routes to mount on the inference app: ``app.include_router(training_router(engine, registry))`` with a
     ``PolicyRegistry`` for the engine's base model."""
@@ -80,6 +86,12 @@ def training_router(engine: Any, policies: Any, *, keep_loaded: int = 4) -> APIR
     async def status(policy: str, project: str) -> dict[str, Any]:
         step = policies.current_step(plain(project, "project"), plain(policy))
         return {"policy": policy, "project": project, "step": step}
+
+    @router.post("/v1/train/{policy}/pin")
+    async def pin(policy: str, body: PinRequest) -> dict[str, Any]:
+        """Keep checkpoint ``step`` whatever ``save_total_limit`` says (404 when there is none)."""
+        await asyncio.to_thread(policies.pin, body.project, plain(policy), body.step)
+        return {"policy": policy, "project": body.project, "step": body.step, "pinned": True}
 
     @router.post("/v1/train/{policy}/step")
     async def step(policy: str, body: StepRequest) -> Any:

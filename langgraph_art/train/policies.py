@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from langgraph_art.config import GRPOConfig, check_name
-from langgraph_art.errors import ConfigError, ServiceBusyError
+from langgraph_art.errors import ConfigError, ModelNotFoundError, ServiceBusyError
 from langgraph_art.types import StepResult, TrajectoryGroup
 
 log = logging.getLogger(__name__)
@@ -80,6 +80,17 @@ class PolicyRegistry:
         if not folder.is_relative_to(self.home):  # a symlink inside home must not lead out either
             raise ConfigError(f"project {project!r} / policy {name!r} leads outside {self.home}")
         return folder
+
+    def pin(self, project: str, name: str, step: int) -> None:
+        """Keep checkpoint ``step`` of the policy whatever ``save_total_limit`` says; ``ModelNotFoundError`` when
+        it does not exist (any more)."""
+        from langgraph_art.train import checkpoint
+
+        try:
+            checkpoint.pin(self.checkpoint_dir(project, name), step)
+        except FileNotFoundError:
+            kept = checkpoint.list_steps(self.checkpoint_dir(project, name))
+            raise ModelNotFoundError(f"{project}/{name} has no checkpoint {step} (kept: {kept})", "step") from None
 
     def current_step(self, project: str, name: str) -> int:
         from langgraph_art.train import checkpoint
