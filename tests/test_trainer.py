@@ -304,16 +304,16 @@ def test_logits_are_computed_only_where_tokens_are_trained(trainer: GRPOTrainer)
     assert first == min(s.mask.index(1) for s in sequences) < max(s.mask.index(1) for s in sequences)
     with torch.no_grad(), trainer.adapter():
         full = token_logprobs(trainer.model(input_ids=ids).logits[:, :-1], ids[:, 1:], temp)[:, first - 1 :]
-        assert trainer._keeps_logits
-        kept = token_logprobs(trainer._logits(ids, first), ids[:, first:], temp)
+        assert trainer.forward.keeps_logits
+        kept = token_logprobs(trainer.forward.logits(ids, first), ids[:, first:], temp)
         chunked = trainer._token_logprobs(ids, first, ids[:, first:], temp)[0]  # the head in chunks
         trained = mask[:, first:].bool()
         only = trainer._token_logprobs(ids, first, ids[:, first:], temp, trained=trained)[0]  # the step's path
         trainer.config = trainer.config.model_copy(update={"logits_chunk_size": 2})
         small_chunks = trainer._token_logprobs(ids, first, ids[:, first:], temp)[0]
         only_small = trainer._token_logprobs(ids, first, ids[:, first:], temp, trained=trained)[0]
-        trainer._keeps_logits = False  # a model without logits_to_keep: full logits, sliced
-        sliced = token_logprobs(trainer._logits(ids, first), ids[:, first:], temp)
+        trainer.forward.keeps_logits = False  # a model without logits_to_keep: full logits, sliced
+        sliced = token_logprobs(trainer.forward.logits(ids, first), ids[:, first:], temp)
     assert kept.shape == sliced.shape == full.shape == chunked.shape == small_chunks.shape == trained.shape
     assert torch.allclose(kept[trained], full[trained], atol=1e-5)
     assert torch.allclose(sliced[trained], full[trained], atol=1e-6)

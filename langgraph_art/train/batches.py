@@ -19,7 +19,7 @@ def mean_gap(logprobs: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) -> f
 def micro_batches(sequences: list[TrainSequence], size: int) -> list[list[TrainSequence]]:
     """Micro-batches of at most ``size`` sequences. Sequences with the same prompt (everything before their first
     trained token: a GRPO group's) go together, so that the trainer runs that prompt once per micro-batch
-    (``GRPOTrainer._hidden``); what is left over of each prompt's sequences, by length (little padding)."""
+    (``PolicyForward.hidden``); what is left over of each prompt's sequences, by length (little padding)."""
     by_prompt: dict[tuple[int, ...], list[TrainSequence]] = {}
     for sequence in sorted(sequences, key=len):
         by_prompt.setdefault(tuple(sequence.input_ids[: first_trained_position([sequence])]), []).append(sequence)

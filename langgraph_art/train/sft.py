@@ -72,8 +72,8 @@ def sft_sequences(
 
 def sft_loss(trainer: Any, batch: list[TrainSequence]) -> tuple[torch.Tensor, int]:
     """Mean negative log-likelihood of the masked tokens of one micro-batch, and how many there were. Through the
-    trainer's own logprob path (``GRPOTrainer._token_logprobs``): the LM head only on the trained positions, in
-    chunks, so no [batch, tokens, vocabulary] tensor is built, as in the RL step."""
+    RL step's own logprob path (``PolicyForward``, under the trainer's config): the LM head only on the trained
+    positions, in chunks, so no [batch, tokens, vocabulary] tensor is built."""
     ids, mask, _, _, temp = batch_tensors(batch, trainer.tokenizer.pad_token_id, trainer.device)  # [B, T] each
     first = first_trained_position(batch)
     mask = mask[:, first:]  # [B, T-first]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import inspect
 import logging
 import math
 import time
@@ -31,8 +30,6 @@ from langgraph_art.errors import ConfigError, LangGraphArtError, TrainingAborted
 from langgraph_art.models.loading import (
     CHECKPOINTING_CPU_BYTES,
     LARGE_MODEL_BYTES,
-    cache_argument,
-    cache_of,
     load_causal_lm,
     pick_device,
     return_large_buffers,
@@ -43,22 +40,15 @@ from langgraph_art.models.lora import HookedLora, SharedBase
 from langgraph_art.train import checkpoint
 from langgraph_art.train.advantages import group_advantages
 from langgraph_art.train.batches import (
-    MIN_SHARED_PREFIX,
     batch_tensors,
     batch_weight,
     first_trained_position,
     mean_gap,
     micro_batches,
-    shared_prefix,
 )
 from langgraph_art.train.constrained import batch_grammar_masks, grammar_mass, replay_grammars
-from langgraph_art.train.loss import (
-    GrammarMasks,
-    chunk_tokens,
-    chunked_logprobs_and_entropy,
-    policy_loss,
-    token_logprobs_and_entropy,
-)
+from langgraph_art.train.forward import PolicyForward
+from langgraph_art.train.loss import GrammarMasks, policy_loss
 from langgraph_art.train.tokenize import TokenizeReport, TrainSequence, build_sequences
 from langgraph_art.types import StepResult, TrajectoryGroup
 
@@ -135,12 +125,7 @@ class GRPOTrainer:
         self._trims_heap = self._large and base.device.type == "cpu"  # after each step (see trim_heap)
         if self._trims_heap:
             return_large_buffers()  # activation temporaries would otherwise pile up in the heap (see there)
-        self._keeps_logits = "logits_to_keep" in inspect.signature(base.forward).parameters
-        # the LM head run in chunks over the body's hidden states; not for models that post-process their logits
-        plain_head = not any(getattr(base.config, k, None) for k in ("final_logit_softcapping", "logit_scale"))
-        self._body: Any = base.get_decoder() if plain_head else None
-        self._head: Any = base.get_output_embeddings() if plain_head else None
-        self._body_cache_kwarg = cache_argument(self._body) if self._body is not None else ""
+        self.forward = PolicyForward(base)  # logprobs of sampled tokens without [B, T, V] logits (train/forward.py)
         self._params = list(self._named_params.values())
         self.optimizer = torch.optim.AdamW(
             self._params, lr=self.config.learning_rate, weight_decay=self.config.weight_decay, foreach=True
@@ -395,57 +380,18 @@ class GRPOTrainer:
         share_prefix: bool = True,
         trained: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Logprobs (with grad), entropy and log_mass (detached) [B, T-first] of ``targets`` = ``ids[:, first:]``
-        (under the grammar's mask where ``masks`` says, ``constrained_logprobs``). The LM head runs only on positions
-        ``first-1 .. T-2``, and with ``trained`` [B, T-first] (bool) only on those positions (0 elsewhere): not on
-        padding, prompts in between or tool results. In chunks (``logits_chunk_size``): no [B, T, V] logits, which
-        for a 150k vocabulary and 8k tokens would be ~5 GB per sequence in float32."""
-        apply = self.config.constrained_logprobs == "masked"
-        if self._body is None or self._head is None:  # a model that post-processes its logits: the whole forward
-            logits = self._logits(ids, first)  # [B, T-first, V]
-            allowed = masks.dense(0, targets.shape[1], targets.shape[0], logits.shape[-1]) if masks else None
-            return token_logprobs_and_entropy(logits, targets, temp, allowed, apply)
-        hidden = self._hidden(ids, first, share_prefix)  # [B, T-first, H]: position t predicts token t+1
-        if trained is None:
-            chunk = chunk_tokens(ids.shape[0], self._head.out_features, self.config.logits_chunk_size)
-            return chunked_logprobs_and_entropy(hidden, self._head, targets, temp, chunk, masks, apply)
-        rows, cols = trained.nonzero(as_tuple=True)  # the N trained positions, as one row: [1, N, ...]
-        chunk = chunk_tokens(1, self._head.out_features, self.config.logits_chunk_size)
-        picked = masks.gathered(rows, cols) if masks is not None else None
-        out = chunked_logprobs_and_entropy(
-            hidden[rows, cols][None], self._head, targets[rows, cols][None], temp[rows][None], chunk, picked, apply
+        """``PolicyForward.token_logprobs`` under this trainer's config (the adapter active is the caller's)."""
+        return self.forward.token_logprobs(
+            ids,
+            first,
+            targets,
+            temp,
+            masks,
+            trained=trained,
+            share_prefix=share_prefix and not self._checkpointing(),
+            chunk_size=self.config.logits_chunk_size,
+            apply_masks=self.config.constrained_logprobs == "masked",
         )
-        return tuple(  # type: ignore[return-value]
-            torch.zeros(targets.shape, dtype=part.dtype, device=part.device).index_put((rows, cols), part[0])
-            for part in out
-        )
-
-    def _hidden(self, ids: torch.Tensor, first: int, share_prefix: bool = True) -> torch.Tensor:
-        """The final hidden states of positions ``first-1 .. T-2`` (those predicting tokens ``first .. T-1``). No
-        attention mask: see ``batch_tensors``.
-
-        A GRPO group's runs all start with the same prompt. The tokens every row starts with (before the first
-        trained one) go through the model once; each row's KV cache is a copy of that one's, and the rest of the
-        rows runs on top of it. Gradients flow back through the copies into the shared forward, so the result is
-        the full forward's (tested), at a fraction of the cost when the prompt is long. Not with gradient
-        checkpointing (transformers turns the KV cache off there)."""
-        assert self._body is not None
-        rows, width = ids.shape
-        shared = shared_prefix(ids, first - 1) if share_prefix and rows > 1 and not self._checkpointing() else 0
-        if shared < MIN_SHARED_PREFIX:
-            return self._body(input_ids=ids, use_cache=False).last_hidden_state[:, first - 1 : -1]
-        prefix = self._body(input_ids=ids[:1, :shared], use_cache=True)
-        cache = cache_of(prefix)
-        cache.batch_repeat_interleave(rows)  # [1, ...] -> [B, ...] per layer, differentiable
-        positions = torch.arange(shared, width, device=ids.device).expand(rows, -1)
-        out = self._body(input_ids=ids[:, shared:], position_ids=positions, **{self._body_cache_kwarg: cache})
-        return out.last_hidden_state[:, first - 1 - shared : -1]
-
-    def _logits(self, ids: torch.Tensor, first: int) -> torch.Tensor:
-        """Logits [B, T-first, V] of positions ``first-1 .. T-2`` through the whole model (``logits_to_keep``)."""
-        if not self._keeps_logits:
-            return self.model(input_ids=ids).logits[:, first - 1 : -1]
-        return self.model(input_ids=ids, logits_to_keep=ids.shape[1] - first + 1).logits[:, :-1]
 
     @torch.no_grad()
     def _reference_logprobs(
