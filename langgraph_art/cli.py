@@ -129,7 +129,7 @@ def serve(
                "(loading the model...)")  # fmt: skip
     app_ = create_app(built, api_key=api_key, adapter_roots=[home, *(adapter_root or [])])
     if train:
-        from langgraph_art.serve.training import training_router
+        from langgraph_art.serve.routes.training import training_router
         from langgraph_art.train.policies import PolicyRegistry
         from langgraph_art.train.trainer import GRPOTrainer
 

@@ -16,7 +16,7 @@ import langgraph_art as art
 from langgraph_art.backends import remote
 from langgraph_art.errors import HTTP_ERRORS, ConfigError, ServiceBusyError, TrainingAborted, error_from_http, http_row
 from langgraph_art.serve.embedded import EmbeddedServer
-from langgraph_art.serve.training import training_router
+from langgraph_art.serve.routes.training import training_router
 from langgraph_art.train.policies import PolicyRegistry
 from langgraph_art.types import NodeSpan, Trajectory, TrajectoryGroup, Turn
 

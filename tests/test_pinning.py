@@ -11,7 +11,7 @@ import pytest
 import langgraph_art as art
 from langgraph_art.errors import ModelNotFoundError
 from langgraph_art.serve.embedded import EmbeddedServer
-from langgraph_art.serve.training import training_router
+from langgraph_art.serve.routes.training import training_router
 from langgraph_art.testing import FakeBackend
 from langgraph_art.train import checkpoint
 from langgraph_art.train.policies import PolicyRegistry

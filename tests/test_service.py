@@ -107,7 +107,7 @@ def test_two_projects_with_one_model_name_on_one_local_backend(tmp_path: Path) -
 
 def test_two_projects_with_one_model_name_through_the_service(tiny_path: Path, tmp_path: Path) -> None:
     from langgraph_art.serve.embedded import EmbeddedServer
-    from langgraph_art.serve.training import training_router
+    from langgraph_art.serve.routes.training import training_router
     from langgraph_art.train.policies import PolicyRegistry
 
     service = EmbeddedServer(str(tiny_path), served_name="tiny", adapter_roots=[tmp_path])

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, settings
 
 from langgraph_art.serve.embedded import EmbeddedServer
-from langgraph_art.serve.training import training_router
+from langgraph_art.serve.routes.training import training_router
 from langgraph_art.train.policies import PolicyRegistry
 from langgraph_art.train.trainer import GRPOTrainer
 

@@ -6,9 +6,10 @@ thread of this process: what ``LocalBackend`` runs). Heavy modules (torch, fasta
 is used.
 
 Layout: ``engines/`` (``base`` the protocol every engine meets, ``hf/`` and ``vllm/`` the engines and their private
-parts, ``choose`` the name -> engine table), the app and its routes (``app``, ``completions``, ``chat``,
-``training``, ``catalog``, ``protocol`` the wire format, ``structured`` grammars from ``response_format``/tools,
-``http_errors``), and how this process reaches it without sockets (``inprocess``).
+parts, ``choose`` the name -> engine table), the app (``app``, ``http_errors``) and its ``routes/`` (completions,
+catalog, training), the wire format (``protocol``, ``schemas``), grammars from ``response_format``/tools
+(``structured``, ``closing``), prompts and tool calls around any engine (``chat``), checkpoints into an engine
+(``publish``), and how this process reaches the app without sockets (``embedded``, ``inprocess``).
 """
 
 from __future__ import annotations

@@ -22,12 +22,12 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from langgraph_art.errors import EngineNotReadyError
-from langgraph_art.serve.catalog import catalog_router
 from langgraph_art.serve.chat import TokenText
-from langgraph_art.serve.completions import CALL_ID_HEADER, ChatCompletions
 from langgraph_art.serve.engines.base import Engine
 from langgraph_art.serve.http_errors import install_error_handlers
 from langgraph_art.serve.protocol import error_body
+from langgraph_art.serve.routes.catalog import catalog_router
+from langgraph_art.serve.routes.completions import CALL_ID_HEADER, ChatCompletions
 
 __all__ = ["CALL_ID_HEADER", "create_app"]
 log = logging.getLogger(__name__)

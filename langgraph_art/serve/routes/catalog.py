@@ -13,8 +13,8 @@ from pydantic import BaseModel, Field, field_validator
 
 from langgraph_art.config import check_served_name
 from langgraph_art.errors import RequestError
-from langgraph_art.serve.completions import resolve_adapter
 from langgraph_art.serve.engines.base import Engine
+from langgraph_art.serve.routes.completions import resolve_adapter
 
 
 class AdapterLoad(BaseModel):

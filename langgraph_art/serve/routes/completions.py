@@ -1,10 +1,10 @@
 """``POST /v1/chat/completions``, streaming or not: prompts rendered once for every engine, every completion token
 with its ``token_id`` inside ``logprobs.content[i]``, and the call named in the ``x-langgraph-art-call-id`` header.
 
-Structured output and forced tool calls (``structured.py``) become a grammar the engine samples under; a sample the
-budget cut short is closed (``closing.py``). With ``return_token_ids`` the response also carries the grammar
-(``"grammar"``, beside ``prompt_token_ids``) and each choice its ``closing_tokens``: what the trainer needs to
-recompute the turn's logprobs under the same mask.
+Structured output and forced tool calls (``serve/structured.py``) become a grammar the engine samples under; a
+sample the budget cut short is closed (``serve/closing.py``). With ``return_token_ids`` the response also carries
+the grammar (``"grammar"``, beside ``prompt_token_ids``) and each choice its ``closing_tokens``: what the trainer
+needs to recompute the turn's logprobs under the same mask.
 """
 
 from __future__ import annotations

@@ -1,0 +1,2 @@
+"""The service's HTTP routes, one module per group: ``completions`` (``POST /v1/chat/completions``), ``catalog``
+(models, policies, adapters) and ``training`` (the training API). ``serve/app.py`` mounts them."""
