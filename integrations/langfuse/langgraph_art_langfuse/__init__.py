@@ -1,5 +1,6 @@
 """Langfuse: every rollout as a trace (node spans, LLM generations, tool calls), rewards as scores, and scores
-given in Langfuse back as rewards. Needs ``pip install 'langgraph-art[langfuse]'``.
+given in Langfuse back as rewards. Its own distribution, ``langgraph-art-langfuse`` (``integrations/langfuse``);
+core finds it through entry points (the ``langfuse`` sink, ``langgraph-art export langfuse``).
 
 - ``LangfuseExporter(store)``: sends what the store holds and Langfuse lacks (exactly once; retry-safe).
   ``Trainer(..., langfuse=True)`` (or just the ``LANGFUSE_*`` variables) runs one per training step.

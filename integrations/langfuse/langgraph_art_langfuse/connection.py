@@ -49,7 +49,7 @@ class LangfuseSettings:
         """Arguments first, then ``LANGFUSE_PUBLIC_KEY``/``LANGFUSE_SECRET_KEY``/``LANGFUSE_BASE_URL`` (or the older
         ``LANGFUSE_HOST``)/``LANGFUSE_TIMEOUT``/``LANGFUSE_TRACING_ENVIRONMENT``."""
         if not cls.sdk_installed():
-            raise ConfigError("the Langfuse integration needs the SDK: pip install 'langgraph-art[langfuse]'")
+            raise ConfigError("the Langfuse integration needs the SDK: pip install 'langfuse>=5,<6'")
         public_key = public_key or os.environ.get("LANGFUSE_PUBLIC_KEY")
         secret_key = secret_key or os.environ.get("LANGFUSE_SECRET_KEY")
         missing = [n for n, v in (("LANGFUSE_PUBLIC_KEY", public_key), ("LANGFUSE_SECRET_KEY", secret_key)) if not v]
