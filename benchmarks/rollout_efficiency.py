@@ -4,7 +4,7 @@
 
 Whole stack: ``gather_groups`` runs a LangGraph graph ``runs`` times (one scenario), each run a node that calls
 ``ChatART`` ``calls`` times in a row (each call sees the conversation so far), through the openai SDK and the
-embedded server's app of a ``LocalBackend`` (in process: ``serve/inprocess.py``) into its ``HFEngine``, with the
+embedded server's app of a ``LocalBackend`` (in process: ``serve/inprocess/``) into its ``HFEngine``, with the
 trajectories captured and stored. Engine alone: the same
 engine object, the same number of requests (``calls`` rounds of ``runs`` requests that arrive together, each
 round's prompts rendered by the chat template over the conversation so far, as the server renders the stack's),

@@ -224,7 +224,7 @@ class LocalBackend:
 
     def chat_model_settings(self, model: TrainableModel) -> dict[str, Any]:
         """Where ``ChatART`` reaches the policy: the embedded server's URL, and clients that hand requests to its
-        app in this process (same HTTP semantics, no sockets; ``serve/inprocess.py``)."""
+        app in this process (same HTTP semantics, no sockets; ``serve/inprocess/``)."""
         server = self.server(model.base_model)
         return {"base_url": server.base_url, "api_key": "unused", **server.in_process_clients()}
 

@@ -6,6 +6,7 @@ and records each of its calls in its ``recorder`` so that calls which callbacks 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -22,7 +23,6 @@ from langchain_openai import ChatOpenAI
 from pydantic import Field, model_validator
 
 from langgraph_art.capture.http import loop_safe_async_client
-from langgraph_art.capture.in_process import DirectCompletions, through_sdk
 from langgraph_art.capture.messages import to_openai_messages
 from langgraph_art.capture.recorder import (
     ART_LLM_TYPE,
@@ -58,7 +58,8 @@ class ChatART(ChatOpenAI):
     """ChatART's own log of its calls; give it to a ``TrajectoryCallbackHandler`` (``recorders=[...]``)."""
     in_process: Any = Field(default=None, exclude=True)
     """Set by a ``LocalBackend``: its server answers this model's non-streaming calls in this process, without
-    the openai SDK (``capture/in_process.py``). None sends every call through the SDK."""
+    the openai SDK (``serve/inprocess/``: an endpoint with ``wrap``, ``wraps`` and ``through_sdk``). None sends
+    every call through the SDK."""
 
     @model_validator(mode="before")
     @classmethod
@@ -109,10 +110,10 @@ class ChatART(ChatOpenAI):
     def _answer_in_process(self) -> ChatART:
         """Wrap the SDK resources ChatOpenAI built (its own validator ran first) when a local server answers."""
         if self.in_process is not None:
-            if self.client is not None and not isinstance(self.client, DirectCompletions):
-                self.client = DirectCompletions(self.client, self.in_process)
-            if self.async_client is not None and not isinstance(self.async_client, DirectCompletions):
-                self.async_client = DirectCompletions(self.async_client, self.in_process)
+            if self.client is not None:
+                self.client = self.in_process.wrap(self.client)
+            if self.async_client is not None:
+                self.async_client = self.in_process.wrap(self.async_client)
         return self
 
     @property
@@ -238,7 +239,8 @@ class ChatART(ChatOpenAI):
         start = time.time()
         result = await self._agenerate_in_process(messages, stop, kwargs)
         if result is None:
-            with through_sdk():  # refused in process (or not for it): the endpoint is not asked twice
+            with self.in_process.through_sdk() if self.in_process is not None else contextlib.nullcontext():
+                # refused in process (or not for it): the endpoint is not asked twice
                 result = await super()._agenerate(messages, stop=stop, run_manager=run_manager, **kwargs)
         self._record(messages, stop, kwargs, _as_llm_result(result), run_manager, start)
         return result
@@ -250,7 +252,7 @@ class ChatART(ChatOpenAI):
         the event loop: langchain-openai builds it in a worker thread, and that hop (a thread and the GIL to wait
         for, while the engine decodes) cost 16 runs of 3 calls about a tenth of their throughput. None: the call
         takes langchain-openai's own path (an error is replayed there, so it raises as it always does)."""
-        if self.in_process is None or not isinstance(self.async_client, DirectCompletions):
+        if self.in_process is None or not self.in_process.wraps(self.async_client):
             return None
         payload = self._get_request_payload(messages, stop=stop, **kwargs)
         if "response_format" in payload or self._use_responses_api(payload):

@@ -1,36 +1,21 @@
-"""Requests from this process to the embedded server, handed to its app directly: no sockets, no HTTP parsing.
-
-``ChatART`` on a ``LocalBackend`` talks to a server in its own process. Over loopback HTTP, a 32-token call spent
-more CPU in the client's connection pool, h11 and uvicorn than in the app (measured with ``py-spy --gil`` on 16
-concurrent agent runs; ``benchmarks/rollout_efficiency.py``), and all of it holds the GIL the engine's decode loop
-needs. ``InProcessTransport`` is an httpx transport (sync and async, of the httpx flavour the openai SDK uses) that
-runs the request through the same ASGI app on the server's event loop and streams the response back as the app
-sends it, so the SDK, status codes, errors, headers and server-sent events are exactly those of HTTP.
-
-``InProcessCompletions`` goes one step further for what an agent's rollouts mostly send, non-streaming chat
-completions: ChatART hands it the JSON body, it validates it as the route does and calls the route's own
-``ChatCompletions.complete`` on the server's loop, and the response dict goes back as it is (no ASGI app, no
-JSON response, no SDK parsing: those were about half of a call's client CPU). Whatever the endpoint would
-answer with an error status is not answered here: ChatART then sends the same request through the SDK and the
-app, so errors, their exception classes and the SDK's retries are exactly HTTP's.
+"""``InProcessTransport``: an httpx transport (sync and async, of the httpx flavour the openai SDK uses) that runs a
+request through the embedded server's ASGI app on the server's event loop and streams the response back as the app
+sends it, so the SDK, status codes, errors, headers and server-sent events are exactly those of HTTP, without
+sockets or HTTP parsing. Over loopback HTTP, a 32-token call spent more CPU in the client's connection pool, h11 and
+uvicorn than in the app (``py-spy --gil`` on 16 concurrent agent runs; ``benchmarks/rollout_efficiency.py``), all of
+it holding the GIL the engine's decode loop needs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-from pydantic import ValidationError
-
 from langgraph_art.capture.http import openai_httpx
-from langgraph_art.serve.protocol import ChatCompletionRequest
 
-log = logging.getLogger(__name__)
 _httpx = openai_httpx()
 _DONE = object()  # the end of a response body
 
@@ -101,54 +86,6 @@ class InProcessTransport(_httpx.AsyncBaseTransport, _httpx.BaseTransport):  # ty
         if self.loop.is_closed() or not self.thread.is_alive():
             raise _httpx.ConnectError("the embedded server has stopped")
         asyncio.run_coroutine_threadsafe(exchange.run(), self.loop)
-
-
-class InProcessCompletions:
-    """``POST /v1/chat/completions`` without streaming, answered by the app's ``ChatCompletions`` directly (see the
-    module docstring). ``acreate``/``create`` take the request's JSON body and return (response body, headers),
-    or None when the endpoint would answer with an error (the caller sends the request over HTTP to get it as
-    HTTP has it); they raise ``TimeoutError`` after ``timeout`` seconds (the request is cancelled) and
-    ``ConnectionError`` when the server has stopped. Only the process's own clients get one: the app's API-key
-    check does not apply."""
-
-    def __init__(self, completions: Any, loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
-        self.completions, self.loop, self.thread = completions, loop, thread
-        self.answered = 0  # requests answered here (not sent over HTTP)
-
-    async def acreate(self, body: str, timeout: float | None) -> tuple[dict[str, Any], dict[str, str]] | None:
-        future = asyncio.wrap_future(self._submit(body))  # cancelling the caller cancels the request
-        try:
-            return await asyncio.wait_for(future, timeout)
-        except TimeoutError:
-            raise TimeoutError(f"no answer from the embedded server within {timeout} s") from None
-
-    def create(self, body: str, timeout: float | None) -> tuple[dict[str, Any], dict[str, str]] | None:
-        if threading.current_thread() is self.thread:
-            raise RuntimeError("a blocking call to the embedded server from its own event loop would wait forever")
-        future = self._submit(body)
-        try:
-            return future.result(timeout)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
-            raise TimeoutError(f"no answer from the embedded server within {timeout} s") from None
-
-    def _submit(self, body: str) -> concurrent.futures.Future[Any]:
-        if self.loop.is_closed() or not self.thread.is_alive():
-            raise ConnectionError("the embedded server has stopped")
-        return asyncio.run_coroutine_threadsafe(self._answer(body), self.loop)
-
-    async def _answer(self, body: str) -> tuple[dict[str, Any], dict[str, str]] | None:
-        try:
-            request = ChatCompletionRequest.model_validate_json(body)  # the JSON the route would validate
-        except ValidationError:
-            return None  # a 400: the HTTP path words it
-        try:
-            answer = await self.completions.complete(request)
-        except Exception as exc:  # noqa: BLE001 - not lost: the caller replays the request over HTTP for it
-            log.debug("in-process completion failed (%s: %s); the caller retries over HTTP", type(exc).__name__, exc)
-            return None
-        self.answered += 1
-        return answer
 
 
 class _Exchange:

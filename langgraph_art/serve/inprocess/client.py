@@ -1,7 +1,7 @@
-"""ChatART's shortcut to a server in its own process: non-streaming completions skip the openai SDK.
+"""The client side of ChatART's shortcut to a server in its own process: non-streaming completions skip the openai SDK.
 
-A ``LocalBackend`` gives ``ChatART`` an ``in_process`` endpoint (``serve/inprocess.py``: it validates the JSON
-body as the route does and calls the route's own code on the server's loop). ``DirectCompletions`` stands in
+``InProcessCompletions.wrap`` (``completions.py``) puts a ``DirectCompletions`` in place of ChatART's SDK resources.
+``DirectCompletions`` stands in
 for the SDK's ``chat.completions`` resource (ChatOpenAI's ``client`` and ``async_client``): langchain-openai's
 ``with_raw_response.create(**payload)`` of a non-streaming request without extra headers or query goes to the
 endpoint, and the response body comes back as a dict from ``parse()`` (langchain-openai's
@@ -45,7 +45,7 @@ def through_sdk() -> Iterator[None]:
 
 
 class InProcessEndpoint(Protocol):
-    """What ``serve/inprocess.py`` ``InProcessCompletions`` offers: an answer, or None for "ask over HTTP"."""
+    """What ``InProcessCompletions`` offers the wrapped resource: an answer, or None for "ask over HTTP"."""
 
     async def acreate(self, body: str, timeout: float | None) -> Answer | None: ...
 
@@ -84,7 +84,7 @@ class DirectCompletions:
     answered by ``endpoint`` where it can be; any other attribute is the SDK's."""
 
     def __init__(self, sdk: Any, endpoint: InProcessEndpoint) -> None:
-        self.sdk = sdk
+        self.sdk, self.endpoint = sdk, endpoint
         raw = _AsyncRaw if isinstance(sdk, openai.resources.chat.AsyncCompletions) else _SyncRaw
         self.with_raw_response = raw(sdk, endpoint)
 
