@@ -3,6 +3,8 @@
 Each step stores its group in the store (prints ``stored <i>`` after the commit), trains (prints ``in-step <n>``
 from inside the step when asked to dwell there) and saves a checkpoint (prints ``writing <n>`` mid-write when
 asked to dwell there, ``saved <n>`` after). On start it prints ``resumed <step>``.
+A dwell is a 30 s sleep after its line: the scenario (a process caught mid-step or mid-write), not a wait; the test
+kills the process when it reads the line, so nothing depends on how long the dwell is.
 """
 
 from __future__ import annotations

@@ -78,6 +78,8 @@ def test_serve_subprocess_answers_then_stops(tiny_path, engine: str) -> None:
                 pass
             assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
             time.sleep(0.2)
+        else:
+            raise AssertionError("serve did not answer /health in 180 s")
         body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
         response = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=body, timeout=60)
         assert response.status_code == 200

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 from langgraph_art.serve.engines.base import FinishedEvent, GenerationRequest, SamplingParams  # noqa: E402
 from langgraph_art.serve.engines.hf.engine import HFEngine  # noqa: E402
 from langgraph_art.serve.engines.hf.fast import FastCache  # noqa: E402
-from tests.helpers import WEATHER_TOOL  # noqa: E402
+from tests.helpers import WEATHER_TOOL, async_wait_until  # noqa: E402
 from tests.test_fast_decode import save_adapter  # noqa: E402
 
 SETTINGS = {
@@ -73,6 +73,22 @@ async def first_tokens(engine: HFEngine, req: GenerationRequest, count: int) -> 
     return task, started
 
 
+def queued_commands(engine: HFEngine, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The commands (adapter loads, unloads) put in ``engine``'s queue from now on, as they are put."""
+    from langgraph_art.serve.engines.hf.schedule import Command
+
+    commands: list[Any] = []
+    put = engine._work_queue.put
+
+    def recording(item: Any) -> None:
+        put(item)
+        if isinstance(item, Command):
+            commands.append(item)
+
+    monkeypatch.setattr(engine._work_queue, "put", recording)
+    return commands
+
+
 @pytest.mark.parametrize("adapter_name", [None, "a@1"])
 async def test_requests_arriving_mid_batch_join_it_and_sample_as_if_alone(
     engine: HFEngine, adapter_name: str | None
@@ -118,12 +134,17 @@ async def test_another_adapters_request_stops_joining_and_runs_next(engine: HFEn
     assert engine.requests_joined == joined  # the a@1 requests queued behind the base one did not jump it
 
 
-async def test_a_command_is_a_barrier_for_joiners(engine: HFEngine, adapter: Path) -> None:
+async def test_a_command_is_a_barrier_for_joiners(
+    engine: HFEngine, adapter: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ids = chat(engine, "hi")
     joined = engine.requests_joined
-    task, _ = await first_tokens(engine, request(ids, 30, seed=1, adapter=None), 2)
+    commands = queued_commands(engine, monkeypatch)
+    # 200 tokens: the batch outlasts the queueing below on any machine (a batch done before the late request came
+    # would let it pass without a barrier to respect)
+    task, _ = await first_tokens(engine, request(ids, 200, seed=1, adapter=None), 2)
     load = asyncio.create_task(engine.load_adapter("a@1", str(adapter)))  # replacing a loaded name: a barrier
-    await asyncio.sleep(0)  # queued behind the running batch
+    await async_wait_until(lambda: commands, "the load to be queued (behind the running batch)")
     late = await engine.generate(request(ids, 4, seed=2, adapter=None))
     assert load.done() and task.done()  # the load ran after the batch drained, the late request after the load
     assert engine.requests_joined == joined and len(late.samples[0].token_ids) == 4
@@ -197,14 +218,16 @@ async def test_a_failed_join_fails_every_request_in_the_batch_and_the_engine_goe
 
 
 async def test_a_request_whose_adapter_was_unloaded_before_it_ran_fails_and_the_worker_goes_on(
-    engine: HFEngine,
+    engine: HFEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from langgraph_art.errors import ModelNotFoundError
 
     ids = chat(engine, "hi")
-    task, _ = await first_tokens(engine, request(ids, 20, seed=1, adapter=None), 2)
+    commands = queued_commands(engine, monkeypatch)
+    task, _ = await first_tokens(engine, request(ids, 200, seed=1, adapter=None), 2)  # outlasts the queueing below
     unload = asyncio.create_task(engine.unload_adapter("a@1"))
-    await asyncio.sleep(0)  # the unload is queued behind the running batch; this request behind the unload
+    # the unload is queued behind the running batch; this request behind the unload
+    await async_wait_until(lambda: commands, "the unload to be queued")
     with pytest.raises(ModelNotFoundError, match="unloaded before the request ran"):
         await asyncio.wait_for(engine.generate(request(ids, 4, seed=2, adapter="a@1")), 30)
     await unload
@@ -212,8 +235,10 @@ async def test_a_request_whose_adapter_was_unloaded_before_it_ran_fails_and_the_
     assert len((await engine.generate(request(ids, 3, seed=2, adapter=None))).samples[0].token_ids) == 3
 
 
-@pytest.mark.parametrize("wait_ms", [0.0, 50.0])
+@pytest.mark.parametrize("wait_ms", [0.0, 1000.0])
 async def test_an_idle_engine_gathers_a_burst_of_arrivals_into_one_batch(tiny_path: Path, wait_ms: float) -> None:
+    """With a quiet gap of 1 s, six arrivals 5 ms apart start as one batch (a window 200 times the stagger: a slow
+    or busy machine stays inside it). With none, the first request's batch starts before the others arrive."""
     with pytest.raises(ValueError, match="batch_wait_ms must be >= 0"):
         HFEngine(str(tiny_path), batch_wait_ms=-1)
     eng = HFEngine(str(tiny_path), max_batch_size=16, batch_wait_ms=wait_ms)
@@ -222,33 +247,41 @@ async def test_an_idle_engine_gathers_a_burst_of_arrivals_into_one_batch(tiny_pa
         ids = chat(eng, "hello")
 
         async def staggered(i: int) -> Any:
-            await asyncio.sleep(0.005 * i)  # arrivals 5 ms apart, as agent runs send their next calls
+            # arrivals 5 ms apart, as agent runs send their next calls: the scenario, not a wait for anything
+            await asyncio.sleep(0.005 * i)
             return await eng.generate(request(ids, 4, seed=i, adapter=None))
 
         await eng.generate(request(ids, 2, seed=0, adapter=None, n=2))  # a batch of 2 rows (two requests could
         # run as two batches of one when the first ends before the second is queued: then nothing waits below)
         before_batches, before_joined = eng.batches_run, eng.requests_joined
-        results = await asyncio.gather(*(staggered(i) for i in range(6)))
-        assert all(len(r.samples[0].token_ids) == 4 for r in results)
-        if wait_ms:  # each arrival within 50 ms of the last: one batch, prefilled once, nobody joins late
+        if wait_ms:  # each arrival within 1 s of the last: one batch, prefilled once, nobody joins late
+            results = await asyncio.gather(*(staggered(i) for i in range(6)))
             assert eng.batches_run - before_batches == 1 and eng.requests_joined == before_joined
-        else:  # the first starts at once; the rest join it or run after it
+        else:  # the first starts at once, alone (no quiet gap to wait for); the rest join it or run after it
+            first, _ = await first_tokens(eng, request(ids, 4, seed=0, adapter=None), 1)
+            assert eng.batches_run - before_batches == 1
+            results = [await first, *await asyncio.gather(*(staggered(i) for i in range(1, 6)))]
             assert eng.batches_run - before_batches + eng.requests_joined - before_joined > 1
+        assert all(len(r.samples[0].token_ids) == 4 for r in results)
     finally:
         await eng.close()
 
 
 async def test_a_lone_client_calling_in_turn_never_waits_for_a_burst(tiny_path: Path) -> None:
-    import time
-
-    eng = HFEngine(str(tiny_path), max_batch_size=16, batch_wait_ms=500)
+    """A quiet gap of 60 s: a lone client that waited for it even once would run past the 30 s deadline, which
+    three calls of two tokens never reach on any machine that runs this suite."""
+    eng = HFEngine(str(tiny_path), max_batch_size=16, batch_wait_ms=60_000)
     await eng.start()
     try:
         ids = chat(eng, "hello")
-        await eng.generate(request(ids, 2, seed=0, adapter=None))
-        start = time.perf_counter()
-        for i in range(3):
-            await eng.generate(request(ids, 2, seed=i, adapter=None))
-        assert time.perf_counter() - start < 1.0  # waiting would cost 0.5 s per call
+
+        async def in_turn() -> None:
+            for i in range(4):
+                await eng.generate(request(ids, 2, seed=i, adapter=None))
+
+        try:
+            await asyncio.wait_for(in_turn(), 30)
+        except TimeoutError:
+            raise AssertionError("a lone client's call waited for a burst of arrivals") from None
     finally:
         await eng.close()

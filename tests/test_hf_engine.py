@@ -18,6 +18,7 @@ from langgraph_art.serve.engines.base import (  # noqa: E402
 )
 from langgraph_art.serve.engines.hf.engine import HFEngine  # noqa: E402
 from tests.helpers import WEATHER_CALL, WEATHER_PROMPTS, WEATHER_TOOL  # noqa: E402
+from tests.test_continuous_batching import first_tokens  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -72,8 +73,7 @@ async def test_shared_prompts_are_prefilled_once_and_sample_as_if_alone(engine: 
 async def test_requests_arriving_during_a_batch_join_the_next_one(engine: HFEngine) -> None:
     ids = prompt(engine)
     before = engine.batches_run
-    long_one = asyncio.create_task(engine.generate(GenerationRequest(ids, SamplingParams(max_tokens=200))))
-    await asyncio.sleep(0.05)  # the long request is running now
+    long_one, _ = await first_tokens(engine, GenerationRequest(ids, SamplingParams(max_tokens=200)), 1)  # running
     short = [engine.generate(GenerationRequest(ids, SamplingParams(max_tokens=8))) for _ in range(12)]
     results = await asyncio.gather(long_one, *short)
     assert all(len(r.samples[0].token_ids) == 8 for r in results[1:])

@@ -10,7 +10,6 @@ import signal
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ import pytest
 import langgraph_art as art
 from langgraph_art.store import TrajectoryStore
 from langgraph_art.train import checkpoint
-from tests.helpers import digit_share, one_agent_graph
+from tests.helpers import digit_share, one_agent_graph, wait_until
 from tests.pipeline_worker import SCENARIOS, digits_trainer
 from tests.test_trainer_process import exited
 
@@ -64,16 +63,15 @@ def test_a_kill_during_a_pipelined_run_loses_no_stored_run(tmp_path: Path, proce
     proc = subprocess.Popen([*command, "50", *mode], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None and proc.stdout.readline().startswith("resumed ")
     child = int(proc.stdout.readline().split()[-1]) if process else None
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 4):
-        time.sleep(0.05)
+
+    def logged() -> int:
+        return len(metrics.read_text().splitlines()) if metrics.exists() else 0
+
+    wait_until(lambda: logged() >= 4, "4 steps in the run log", seconds=240)
     proc.send_signal(signal.SIGKILL)  # mid-run: a step training, the next one's runs being sampled
     proc.wait(timeout=60)
     if child is not None:
-        deadline = time.monotonic() + 60
-        while not exited(child) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert exited(child), "the trainer process outlived its killed parent"
+        wait_until(lambda: exited(child), "the trainer process to end after its parent was killed")
     trained = len(metrics.read_text().splitlines())
     store = TrajectoryStore.for_project("pipelined", tmp_path)
     before = {t.id: t for t in store.trajectories()}

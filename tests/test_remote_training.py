@@ -8,11 +8,13 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
+from safetensors.torch import load_file
 
 import langgraph_art as art
 from langgraph_art.errors import ConfigError
 from langgraph_art.serve.embedded import EmbeddedServer
-from langgraph_art.serve.training import training_router
+from langgraph_art.serve.routes.training import training_router
 from langgraph_art.train.policies import PolicyRegistry
 from langgraph_art.train.process import ProcessTrainer
 from tests.helpers import digit_share, one_agent_graph
@@ -47,11 +49,19 @@ def test_remote_backend_trains_in_the_service(tiny_path: Path, tmp_path: Path, p
             steps=3,
         )
         assert len(losses) == 3 and backend.current_step(model) == 0
+        checkpoints = tmp_path / "service" / "p" / "checkpoints" / "remote"
+        warmed = load_file(str(checkpoints / "step-000000" / "adapter_model.safetensors"))  # what the warm-up published
         history = trainer.train([{"input": {"messages": [("user", "numbers")]}}], steps=3, progress=False)
         updates = sum(int(m["train/updated"]) for m in history)
+        # the GRPO steps ran in the service: step 0 is the warm-up's alone, so each of these is an update
+        assert updates >= 1, [(m["reward/mean"], m["reward/std"]) for m in history]
+        assert [m["step"] for m in history if m["train/updated"]] == list(range(1, updates + 1)), history
+        assert all(m["train/tokens"] > 0 and math.isfinite(m["train/loss"]) for m in history if m["train/updated"])
         assert backend.current_step(model) == updates
-        checkpoints = tmp_path / "service" / "p" / "checkpoints" / "remote"
         assert (checkpoints / f"step-{updates:06d}" / "adapter_config.json").exists()
+        trained = load_file(str(checkpoints / f"step-{updates:06d}" / "adapter_model.safetensors"))
+        assert trained.keys() == warmed.keys()
+        assert any(not torch.equal(trained[name], warmed[name]) for name in warmed)  # the LoRA moved past the warm-up
         served = [a["name"] for a in httpx.get(f"{service.base_url}/adapters").json()["data"]]
         assert f"p/remote@{updates}" in served
         assert backend.store(model).count() == 12  # trajectories stay on the client

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from typing import Any
 
 import pytest
@@ -68,16 +67,24 @@ def test_unknown_parameters_and_bad_options_say_what_to_fix() -> None:
 
 
 def test_async_rewards_run_concurrently() -> None:
+    """Each call waits until all six are under way at once: one at a time, the first would wait alone and fail."""
+    running: list[int] = []
+    all_running = asyncio.Event()
+
     @art.reward
     async def slow(trajectory) -> float:
-        await asyncio.sleep(0.3)
+        running.append(1)
+        if len(running) == 6:
+            all_running.set()
+        try:
+            await asyncio.wait_for(all_running.wait(), 30)
+        except TimeoutError:
+            raise AssertionError(f"only {len(running)} of 6 reward calls ran at once") from None
         return 1.0
 
     g = group(*["x"] * 6)
-    start = time.perf_counter()
     score_groups([g], [slow])
-    assert time.perf_counter() - start < 1.0  # 6 x 0.3 s would be 1.8 s one by one
-    assert all(t.reward == 1.0 for t in g.trajectories)
+    assert all(t.reward == 1.0 for t in g.trajectories), [t.reward for t in g.trajectories]
 
 
 def test_abstaining_and_all_abstained_warning(caplog: pytest.LogCaptureFixture) -> None:

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from langgraph_art.capture.rollout import RolloutError, gather_groups, rollout, 
 from langgraph_art.errors import ConfigError
 from langgraph_art.store import TrajectoryStore
 from langgraph_art.types import Trajectory
+from tests.helpers import async_wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -96,9 +98,9 @@ def test_gather_groups_keeps_failures_out_of_training_but_in_the_store(llm: Chat
     assert store.count(status="failed") == 6  # raised only after every run was stored
 
 
-def waiting_graph(release: Any, stagger: float = 0.0) -> Any:
-    """Runs of scenario 'slow' wait for ``release`` (an asyncio.Event); the others end at once, or the k-th
-    of them after k * ``stagger`` seconds."""
+def waiting_graph(release: Any, others: asyncio.Event | None = None) -> Any:
+    """Runs of scenario 'slow' wait for ``release`` (an asyncio.Event); of the others the first ends at once and the
+    rest wait for ``others`` when it is given (else they end at once too)."""
     started = []
 
     async def work(state: MessagesState) -> dict:
@@ -106,7 +108,8 @@ def waiting_graph(release: Any, stagger: float = 0.0) -> Any:
             await release.wait()
         else:
             started.append(1)
-            await asyncio.sleep(stagger * (len(started) - 1))
+            if others is not None and len(started) > 1:
+                await others.wait()
         return {"messages": [AIMessage("done")]}
 
     graph = StateGraph(MessagesState)
@@ -115,7 +118,10 @@ def waiting_graph(release: Any, stagger: float = 0.0) -> Any:
     return graph.compile()
 
 
-def test_runs_are_stored_as_they_finish_and_a_cancelled_gather_keeps_them(tmp_path: Path) -> None:
+def test_runs_are_stored_as_they_finish_and_a_cancelled_gather_keeps_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from langgraph_art.capture import rollout as rollout_module
     from langgraph_art.capture.rollout import agather_groups
 
     store = TrajectoryStore(tmp_path / "t.sqlite")
@@ -127,11 +133,9 @@ def test_runs_are_stored_as_they_finish_and_a_cancelled_gather_keeps_them(tmp_pa
         task = asyncio.ensure_future(
             agather_groups(waiting_graph(release), scenarios, 4, max_concurrency=8, store=store, progress=False)
         )
-        for _ in range(200):  # the fast runs are stored while the slow ones still wait
-            await asyncio.sleep(0.01)
-            if store.count(scenario_id="fast") == 4:
-                break
-        assert store.count(scenario_id="fast") == 4 and store.count(scenario_id="slow") == 0
+        # the fast runs are stored while the slow ones still wait (they wait until release, however long this takes)
+        await async_wait_until(lambda: store.count(scenario_id="fast") == 4, "the fast runs to be stored")
+        assert store.count(scenario_id="slow") == 0 and not task.done()
         release.set()
         await task
 
@@ -139,23 +143,35 @@ def test_runs_are_stored_as_they_finish_and_a_cancelled_gather_keeps_them(tmp_pa
     assert store.count() == 8
 
     slow_store = TrajectoryStore(tmp_path / "slow.sqlite")
-    write = slow_store.add_trajectories
+    write, writes = slow_store.add_trajectories, []
+    writing, may_write = threading.Event(), threading.Event()
 
-    def slow_write(trajectories: Any) -> None:
-        time.sleep(0.3)  # a slow disk: runs finish while a write is under way
+    def slow_write(trajectories: Any) -> None:  # a slow disk: it finishes when the test says so
+        writes.append(len(trajectories))
+        writing.set()
+        if not may_write.wait(60):
+            raise AssertionError("the test never let the write finish")
         write(trajectories)
 
     slow_store.add_trajectories = slow_write  # type: ignore[method-assign]
+    handed: list[str] = []  # the finished runs given to the store's writer
+    add = rollout_module._Writer.add
+    monkeypatch.setattr(rollout_module._Writer, "add", lambda self, t: (handed.append(t.id), add(self, t))[-1])
 
     async def cancelled() -> None:
-        graph = waiting_graph(asyncio.Event(), stagger=0.05)
+        others = asyncio.Event()
+        graph = waiting_graph(asyncio.Event(), others=others)  # the slow runs never end
         task = asyncio.ensure_future(agather_groups(graph, scenarios, 4, store=slow_store, progress=False))
-        await asyncio.sleep(0.25)  # the fast runs have finished, the first one's write is under way
+        await async_wait_until(writing.is_set, "the first fast run's write to start")
+        others.set()  # the other fast runs finish while that write is under way: they queue behind it
+        await async_wait_until(lambda: len(handed) == 4, "the other fast runs to finish")
         task.cancel()
+        may_write.set()
         with pytest.raises(asyncio.CancelledError):
             await task
 
     asyncio.run(cancelled())  # the loop closes at once: what was not written by then would be lost
+    assert writes == [1, 3]  # the write under way at the cancel, and the runs queued behind it
     assert slow_store.count(scenario_id="fast") == 4 and slow_store.count() == 4
 
 
@@ -228,6 +244,7 @@ def test_a_killed_process_loses_only_runs_in_flight(tmp_path: Path) -> None:
     deadline = time.monotonic() + 60
     while last < 200 and time.monotonic() < deadline:
         last = int(proc.stdout.readline())
+    assert last >= 200, f"the writer reported only {last + 1} runs in 60 s"  # mid-stream, not at its start
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     store = TrajectoryStore(db)

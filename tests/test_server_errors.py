@@ -153,6 +153,16 @@ class SlowEngine:
         return getattr(self.inner, name)
 
 
+async def health_until(client: httpx.AsyncClient, status: str, seconds: float = 60.0) -> dict[str, Any]:
+    """``/health``'s answer once it says ``status`` (polled; the deadline only bounds a hang)."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while (health := (await client.get("/health")).json())["status"] != status:
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"/health never said {status!r} in {seconds:.0f} s; it says {health}")
+        await asyncio.sleep(0.05)
+    return health
+
+
 async def test_503_while_loading_then_serves(tiny_path) -> None:
     from langgraph_art.serve.app import create_app
     from langgraph_art.serve.engines.hf.engine import HFEngine
@@ -168,10 +178,7 @@ async def test_503_while_loading_then_serves(tiny_path) -> None:
         assert loading.status_code == 503 and loading.headers["retry-after"]
         assert (await c.get("/health")).json() == {"status": "loading"}
         engine.release.set()
-        for _ in range(200):
-            if (await c.get("/health")).status_code == 200:
-                break
-            await asyncio.sleep(0.05)
+        assert (await health_until(c, "ok"))["model"] == "tiny"
         assert (await c.post("/v1/chat/completions", json=GOOD)).status_code == 200
 
 
@@ -185,11 +192,6 @@ async def test_load_failure_is_reported_not_hung(tmp_path) -> None:
         app.router.lifespan_context(app),
         httpx.AsyncClient(transport=transport, base_url="http://t") as c,
     ):
-        for _ in range(100):
-            health = await c.get("/health")
-            if health.json()["status"] == "error":
-                break
-            await asyncio.sleep(0.05)
-        assert "does not exist" in health.json()["error"]
+        assert "does not exist" in (await health_until(c, "error"))["error"]
         response = await c.post("/v1/chat/completions", json=GOOD)
         assert response.status_code == 503 and "failed to load" in response.json()["error"]["message"]

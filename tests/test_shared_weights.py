@@ -18,7 +18,7 @@ import langgraph_art as art  # noqa: E402
 from langgraph_art.errors import AdapterError, ConfigError  # noqa: E402
 from langgraph_art.serve.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from langgraph_art.serve.engines.hf.engine import HFEngine  # noqa: E402
-from tests.helpers import digit_share, one_agent_graph  # noqa: E402
+from tests.helpers import async_wait_until, digit_share, one_agent_graph  # noqa: E402
 from tests.test_fast_decode import prompts, save_adapter  # noqa: E402
 
 
@@ -97,21 +97,34 @@ async def test_a_non_plain_adapter_is_refused_on_shared_weights(
     assert len(result.samples[0].token_ids) == 3
 
 
-async def test_sleep_holds_requests_until_wake_up_and_gives_one_turn_at_a_time(shared: dict[str, HFEngine]) -> None:
+async def test_sleep_holds_requests_until_wake_up_and_gives_one_turn_at_a_time(
+    shared: dict[str, HFEngine], monkeypatch: pytest.MonkeyPatch
+) -> None:
     fast = shared["fast"]
     request = GenerationRequest(prompts(fast)[1], SamplingParams(max_tokens=4, seed=1))
     await fast.sleep()
+    put = fast._work_queue.put
+    queued: list[Any] = []
+    monkeypatch.setattr(fast._work_queue, "put", lambda item: (put(item), queued.append(item))[0])
+
+    async def held(task: asyncio.Future[Any], what: str) -> None:
+        """``task``'s request is in the paused engine's queue (waited for, however long that takes) and stays
+        there: a worker that was not paused would serve its 4 tokens within milliseconds of the grace period."""
+        await async_wait_until(lambda: len(queued) == 1, f"{what} to reach the engine's queue")
+        done, _ = await asyncio.wait({task}, timeout=0.3)
+        assert not done, f"{what} was served while the engine slept"
+
     waiting = asyncio.ensure_future(fast.generate(copy.deepcopy(request)))
     second_turn = asyncio.ensure_future(fast.sleep())  # another trainer waits for this one's turn to end
-    await asyncio.sleep(0.3)
-    assert not waiting.done() and not second_turn.done()
+    await held(waiting, "the request")
+    assert not second_turn.done()  # it waits on the turn, which only wake_up gives back
     await fast.wake_up()
     result = await asyncio.wait_for(waiting, 30)  # served before the second trainer's turn began
     assert len(result.samples[0].token_ids) == 4
     await asyncio.wait_for(second_turn, 30)
+    queued.clear()
     late = asyncio.ensure_future(fast.generate(copy.deepcopy(request)))
-    await asyncio.sleep(0.2)
-    assert not late.done()
+    await held(late, "a request in the second turn")
     await fast.wake_up()
     assert (await asyncio.wait_for(late, 30)).samples
 
@@ -129,7 +142,7 @@ def test_share_weights_settings(tiny_path: Path, monkeypatch: pytest.MonkeyPatch
             await engine.close()
 
     assert asyncio.run(started()) == (False, True)  # a 2 MB model: merged adapters, the trainer keeps a copy
-    monkeypatch.setattr("langgraph_art.serve.engines.hf.SHARE_MIN_BYTES", 0)
+    monkeypatch.setattr("langgraph_art.serve.engines.hf.engine.SHARE_MIN_BYTES", 0)
     assert asyncio.run(started()) == (True, False)  # large enough: shared, unmerged
     assert asyncio.run(started(merge_adapters=True)) == (False, True)  # asked to merge: no sharing
 

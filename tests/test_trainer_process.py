@@ -11,7 +11,6 @@ import os
 import pickle
 import signal
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ import langgraph_art as art
 from langgraph_art.errors import TrainingAborted
 from langgraph_art.train.process import ProcessTrainer, portable, without_final_state
 from langgraph_art.types import Trajectory, TrajectoryGroup
-from tests.helpers import one_agent_graph
+from tests.helpers import one_agent_graph, wait_until
 
 SCENARIOS = [{"id": "hi", "input": {"messages": [("user", "Say something.")]}}]
 
@@ -41,9 +40,7 @@ def exited(pid: int) -> bool:
 
 
 def wait_for_exit(pid: int) -> None:
-    deadline = time.monotonic() + 30
-    while not exited(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: exited(pid), f"process {pid} to exit")
 
 
 def raised(call: Any) -> BaseException | None:
@@ -77,11 +74,12 @@ def test_an_exception_that_does_not_pickle_comes_back_as_a_runtime_error_naming_
 def test_runs_go_to_the_trainer_process_without_their_final_state() -> None:
     """The graph's output may hold anything (a client, a lock); the trainer needs turns, rewards and metadata."""
     run = Trajectory(id="r")
-    run.final_state = {"client": threading.Lock()}  # does not pickle
+    client = threading.Lock()  # does not pickle
+    run.final_state = {"client": client}
     group = TrajectoryGroup(id="g", scenario_id="s", trajectories=[run])
     sent = pickle.loads(pickle.dumps(without_final_state(group)))
     assert sent.trajectories[0].id == "r" and sent.trajectories[0].final_state is None
-    assert run.final_state["client"] is not None  # the caller's run keeps it
+    assert group.trajectories[0] is run and run.final_state == {"client": client}  # the caller's run keeps it
 
 
 @pytest.mark.slow
@@ -108,12 +106,21 @@ def test_a_trainer_process_trains_is_served_survives_a_kill_and_ends_on_close(tm
         assert second_pid not in (None, first_pid)
 
         os.kill(second_pid, signal.SIGSTOP)  # during a call: it cannot answer before the kill
-        failure: list[BaseException] = []
+        failure: list[BaseException | None] = []
+        in_call = threading.Event()
+        exchange = child._exchange
+
+        def exchanging(*args: Any) -> Any:
+            in_call.set()  # the call reached the pipe (past the check that its child lives)
+            return exchange(*args)
+
+        child._exchange = exchanging  # type: ignore[method-assign]
         call = threading.Thread(target=lambda: failure.append(raised(child.save_checkpoint)))
         call.start()
-        time.sleep(0.3)
+        assert in_call.wait(30), "save_checkpoint never reached the pipe"
         os.kill(second_pid, signal.SIGKILL)
-        call.join(30)
+        call.join(60)
+        assert not call.is_alive(), "save_checkpoint still waits for a child that was killed"
         assert isinstance(failure[0], TrainingAborted), failure
         assert "exited (code -9) during save_checkpoint" in str(failure[0])
         metrics = trainer.train_step(SCENARIOS)

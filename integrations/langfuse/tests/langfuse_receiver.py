@@ -47,6 +47,8 @@ class LangfuseReceiver:
         self.annotations: list[dict[str, Any]] = []
         self.requests: list[tuple[str, str, int]] = []  # (method, path, status answered)
         self.reject_scores = False
+        self.answering = threading.Event()  # cleared by hold(): requests arrive and wait, unanswered, for release()
+        self.answering.set()
         self._fail: list[int] = []
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
@@ -99,6 +101,13 @@ class LangfuseReceiver:
         with self._lock:
             self._fail.extend([status] * count)
 
+    def hold(self) -> None:
+        """Langfuse as slow as it gets: every request waits, unanswered, until ``release()`` (at most 120 s)."""
+        self.answering.clear()
+
+    def release(self) -> None:
+        self.answering.set()
+
     def annotate(self, trace_id: str, name: str, value: Any, *, comment: str | None = None, **extra: Any) -> None:
         """A score as a person would give it in the Langfuse UI."""
         data_type = "BOOLEAN" if isinstance(value, bool) else "NUMERIC" if isinstance(value, int | float) else None
@@ -130,6 +139,7 @@ class LangfuseReceiver:
     def _handle(self, http: BaseHTTPRequestHandler, method: str) -> None:
         url = urlparse(http.path)
         body = http.rfile.read(int(http.headers.get("Content-Length") or 0))
+        self.answering.wait(120)
         with self._lock:
             forced = self._fail.pop(0) if self._fail else None
         if http.headers.get("Authorization") != self.auth:

@@ -224,9 +224,12 @@ def test_background_exports_never_block_training_and_flush_per_step(receiver, gr
     store, _ = groups
     receiver.fail_next(10_000, 503)  # Langfuse answering 5xx for as long as it takes
     exporter = exporter_for(receiver, store, timeout=1)
-    started = time.perf_counter()
+    receiver.hold()  # and as slow as it gets: nothing is answered until release()
     exporter.submit(step=1, record={"run": "r", "step": 2, "model": "m", "reward/mean": 0.25})
-    assert time.perf_counter() - started < 0.05
+    # submit returned with its export still under way (flush(timeout=0): done yet?); an export done inside submit
+    # would be over by now, delivered or given up
+    assert not exporter.flush(timeout=0)
+    receiver.release()
     assert exporter.flush(timeout=30)
     assert not exporter.total.ok and receiver.spans == []
     receiver._fail.clear()
