@@ -158,7 +158,7 @@ def demo(
         bool, typer.Option("--tiny", help="the tiny random-init model's lookup agent instead (a minute; what CI runs)")
     ] = False,
     steps: Annotated[int | None, typer.Option(help="GRPO steps [14; --tiny: 60]")] = None,
-    warmup_steps: Annotated[int, typer.Option(help="--tiny: SFT warm-up steps before RL")] = 100,
+    warmup_steps: Annotated[int, typer.Option(help="--tiny: SFT warm-up steps before RL")] = 50,
     seed: Annotated[int, typer.Option(help="the LoRA's initialisation and the training questions' order")] = 0,
     home: Annotated[str, typer.Option(help="where checkpoints, runs and the store go")] = ".art",
     engine: Annotated[str, typer.Option(help="'hf' or 'vllm' (./dev demo --engine vllm sets vLLM up)")] = "hf",

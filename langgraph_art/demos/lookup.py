@@ -6,13 +6,12 @@ model first gets an SFT warm-up on one example conversation per key, then GRPO w
 runs each, never trained on) before the first step, every quarter of the steps and after the last; the demo prints
 the reward curve, the evaluations and one question's run before and after training, and writes the curve as a PNG.
 
-Why this recipe (measured on 2 cores; ``benchmarks/demo_recipe.py``, numbers in benchmarks/README.md, issue 16):
-- The warm-up learns the keys one at a time: after 80 SFT steps at 5e-3 seeds 1 and 2 knew 4 of 6 (evaluation 1.31,
-  1.35 of 2), after 100 all six (1.88-2.0). RL cannot teach a key whose right call it never samples: its group's runs
-  all score the same and teach nothing (seed 1 after a shorter warm-up stayed at 4 of 6 keys through 80 GRPO steps:
-  1.12 -> 1.34). So the warm-up runs until every key has been found, and GRPO keeps the agent there on its own
-  samples; on this 254k-parameter model the warm-up does most of the work (examples/tic_tac_toe.py is one where
-  RL does: its win rate rises from 4-22% to 44-72%).
+Why this recipe (measured on 2 cores; ``benchmarks/demo_recipe.py``, numbers in benchmarks/README.md, issues 16, 27):
+- The warm-up is 50 SFT steps, short on purpose: it gets the agent to call the tool on some runs of a question and
+  not on others (evaluation 0.25-0.54 of 2 on seeds 0-2), so GRPO's groups differ and every step learns; 60 steps
+  took it to 0.92-1.33 (updating on 58-60 of them). After 100 SFT steps the agent already scored 2 of 2 on every
+  run (1.88-2.0): every group scored the same and no GRPO step updated, so what the demo showed was SFT's. After 5
+  or 20 every run scored 0: the same. RL cannot teach a key whose right call it never samples.
 - At 1e-2 (the old rate) the warm-up sometimes never finds the tool: seed 2 stayed at a loss of ~5 and a reward of 0
   for 90 steps; 5e-3 converged on every seed tried.
 - ``num_iterations=2`` (two updates on each step's runs): after a weaker warm-up, one update a step at 3e-4 moved
@@ -136,7 +135,7 @@ def warmup_conversations() -> list[dict[str, Any]]:
 def run_demo(
     *,
     steps: int = 60,
-    warmup_steps: int = 100,
+    warmup_steps: int = 50,
     warmup_lr: float = 5e-3,
     learning_rate: float = 3e-4,
     num_iterations: int = 2,
