@@ -91,8 +91,8 @@ def make_sinks(
     for name, setting in settings.items():
         if setting is not None and setting is not False and name not in installed:
             raise ConfigError(
-                f"{name}={setting!r} needs the {name} integration: pip install langgraph-art-{name} "
-                f"(from a checkout: pip install -e integrations/{name})"
+                f"{name}={setting!r} needs the {name} integration, langgraph-art-{name}: install it beside the "
+                f"library (from a checkout: pip install -e integrations/{name})"
             )
     sinks: list[Any] = []
     for name, entry in sorted(installed.items()):

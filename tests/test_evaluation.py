@@ -148,7 +148,7 @@ def test_integrations_come_through_entry_points_and_a_missing_one_says_what_to_i
     from langgraph_art import sinks
 
     monkeypatch.setattr(sinks, "installed_sinks", dict)  # nothing installed
-    with pytest.raises(art.ConfigError, match="pip install langgraph-art-wandb"):
+    with pytest.raises(art.ConfigError, match=r"langgraph-art-wandb: .*pip install -e integrations/wandb"):
         trainer_for(tmp_path, wandb=True)
     assert trainer_for(tmp_path, langfuse=None, wandb=None)[0].sinks == []  # not asked for: nothing needed
     found = {"mine": EntryPoint("mine", "tests.test_evaluation:make_recording_sink", sinks.SINK_ENTRY_POINTS)}
