@@ -1,4 +1,4 @@
-"""``GRPOTrainer``: scored trajectory groups in, one LoRA update out.
+"""``GRPOTrainer``: scored trajectory groups in, one step of LoRA updates out (``num_iterations``, 1 by default).
 
 ``step(groups)`` reads top to bottom: advantages -> token sequences -> length-sorted micro-batches -> for each of
 ``num_iterations`` passes: forward, loss, backward (gradient accumulation) -> clip -> AdamW; then metrics. A
