@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -86,31 +89,37 @@ def test_the_tiny_demo_learns_past_its_warm_up(tmp_path: Path) -> None:
 
 
 def test_the_real_model_learns_the_tool_by_grpo_alone(tmp_path: Path) -> None:
-    """The main job on SmolLM2-135M-Instruct, shortened to 8 steps (``./dev demo`` runs 14): no warm-up, so whatever
-    the held-out evaluation gains is GRPO's. Questions in phrasings never trained on; the untrained model gets about
-    half of the arguments right (units default to meters). 14 steps, 3 seeds: benchmarks/README.md, issue 26."""
-    from langgraph_art.demos.units import run_demo
+    """The main job as a user runs it (``langgraph-art demo``, its own process, its own thread setting) on
+    SmolLM2-135M-Instruct, shortened to 8 steps (``./dev demo`` runs 14): no warm-up, so whatever the held-out
+    evaluation gains is GRPO's. Questions in phrasings never trained on; the untrained model gets about half of the
+    arguments right (units default to meters). 14 steps, 3 seeds: benchmarks/README.md, issue 26."""
     from langgraph_art.store import TrajectoryStore
 
-    lines: list[str] = []
-    result = run_demo(steps=8, home=tmp_path, echo=lines.append)
-    assert len(result["curve"]) == 8 and result["png"].stat().st_size > 1000
-    logged = run_log(result["png"].parent / "metrics.jsonl")
+    argv = [sys.executable, "-m", "langgraph_art.cli", "demo", "--steps", "8", "--home", str(tmp_path)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    (metrics,) = tmp_path.glob("demo/runs/*/metrics.jsonl")
+    assert (metrics.parent / "reward_curve.png").stat().st_size > 1000
+    logged = run_log(metrics)
+    assert len([r for r in logged if r["split"] == "train"]) == 8
     evals = [r for r in logged if r["split"] == "eval"]
     assert [r["iteration"] for r in evals] == [0, 8]
     assert_grpo_updated(logged)
     # the baseline is the evaluation just before the first GRPO step (with no warm-up, the untrained model's), the
     # end the one after the last; both on questions no training run was asked
     assert evals[0]["policy_step"] == 0 and evals[-1]["policy_step"] > 0
-    assert (result["before"], result["after"]) == (evals[0]["eval/reward/mean"], evals[-1]["eval/reward/mean"])
+    before, after = evals[0]["eval/reward/mean"], evals[-1]["eval/reward/mean"]
+    shown = re.search(r"arguments right: ([\d.]+) before training -> ([\d.]+) after 8 steps; "
+                      r"whole calls right: (\d+)% -> (\d+)%", done.stdout)  # fmt: skip
+    assert shown, done.stdout[-3000:]
+    assert (float(shown[1]), float(shown[2])) == (round(before, 2), round(after, 2))  # it prints what it logged
     store = TrajectoryStore.for_project("demo", home=tmp_path)
 
     def asked(split: str) -> set[str]:
         return {json.dumps(run.input, sort_keys=True, default=str) for run in store.trajectories(split=split)}
 
     assert asked("eval") and asked("train") and not asked("eval") & asked("train")
-    assert result["before"] < 0.75, result  # room to learn: the untrained model is not there already
-    assert result["after"] >= result["before"] + 0.2, result  # GRPO improved on it
-    assert result["calls_right"][1] > result["calls_right"][0]
-    assert any("the same question after training" in line for line in lines)
-    assert any("-> calls convert" in line for line in lines)
+    assert before < 0.75, (before, after)  # room to learn: the untrained model is not there already
+    assert after >= before + 0.2, (before, after)  # GRPO improved on it
+    assert int(shown[4]) > int(shown[3])  # whole calls right
+    assert "the same question after training" in done.stdout and "-> calls convert" in done.stdout

@@ -1,7 +1,8 @@
 """Every install command the README and the docs show works exactly as written in a fresh venv: each ```bash block
 with a ``pip install`` runs, as it is, in a fresh copy of the working tree (the venv it makes, or a fresh
 ``python3 -m venv .venv`` when it makes none), with Python 3's own pip; then the package it installed imports.
-Blocks that are the same command are run once. Slow (minutes, from the package registries and pip's cache)."""
+Blocks that are the same command are run once, two at a time. Slow (minutes, from the package registries and pip's
+cache)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -76,10 +78,9 @@ def test_the_docs_show_install_commands() -> None:
     assert all("pip install torch==" in b for b in blocks.values()), blocks  # the pinned CPU torch first, always
 
 
-@pytest.mark.parametrize("where", sorted(install_blocks()))
-def test_each_install_command_works_as_written_in_a_fresh_venv(where: str, tmp_path: Path) -> None:
-    block = install_blocks()[where]
-    tree = fresh_tree(tmp_path / "checkout")
+def run_block(where: str, block: str, folder: Path) -> str | None:
+    """Run ``block`` as written in a fresh copy of the tree under ``folder``; None, or what went wrong."""
+    tree = fresh_tree(folder / "checkout")
     makes_venv = re.search(r"python3? -m venv", block) is not None
     script = block if makes_venv else f"python3 -m venv .venv && . .venv/bin/activate\n{block}"
     bare = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if not p.startswith(sys.prefix))
@@ -88,9 +89,25 @@ def test_each_install_command_works_as_written_in_a_fresh_venv(where: str, tmp_p
     done = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", script], cwd=tree, env=env, capture_output=True, text=True, timeout=1500
     )
-    assert done.returncode == 0, f"{where}:\n{block}\n--- output ---\n{(done.stdout + done.stderr)[-4000:]}"
+    if done.returncode != 0:
+        return f"{where}:\n{block}\n--- output ---\n{(done.stdout + done.stderr)[-4000:]}"
     venvs = [p for p in tree.glob("*/bin/python") if (p.parent / "activate").exists()]
-    assert venvs, f"{where}: no venv in the checkout after the block"
+    if not venvs:
+        return f"{where}: no venv in the checkout after the block"
     imports = subprocess.run([str(venvs[0]), "-c", "import langgraph_art; print(langgraph_art.__version__)"],
-                             cwd=tmp_path, capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert imports.returncode == 0 and imports.stdout.strip(), imports.stderr[-2000:]
+                             cwd=folder, capture_output=True, text=True, timeout=120)  # fmt: skip
+    if imports.returncode != 0 or not imports.stdout.strip():
+        return f"{where}: the install does not import: {imports.stderr[-2000:]}"
+    return None
+
+
+def test_every_install_command_works_as_written_in_a_fresh_venv(tmp_path: Path) -> None:
+    """Each block in its own fresh venv and copy of the tree; two at a time (pip mostly waits on the disk and
+    unpacks; nothing else runs meanwhile), so CI pays about one install's time for two."""
+    blocks = install_blocks()
+    assert blocks
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = pool.map(lambda item: run_block(item[1][0], item[1][1], tmp_path / f"block{item[0]}"),
+                           enumerate(blocks.items()))  # fmt: skip
+        failures = [failure for failure in results if failure]
+    assert not failures, "\n\n".join(failures)
