@@ -1,8 +1,7 @@
 """mkdocs hooks (``hooks:`` in mkdocs.yml): reference tables generated from the code, and the example curves.
 
 - ``<!-- generated: grpo-config -->`` becomes a table of ``GRPOConfig``'s fields: name, type and default from the
-  pydantic model, help from the code: ``Field(description=...)``, else an attribute docstring, else the ``#``
-  comments on and above the field in ``langgraph_art/config.py``. A field with no help fails the build.
+  pydantic model, help from its ``Field(description=...)``. A field with no help fails the build.
 - ``<!-- generated: cli -->`` becomes the ``langgraph-art`` commands with their options, walked from the Typer app
   (``typer.main.get_command``: click objects).
 - ``<!-- generated: http-errors -->`` becomes the service's error table, from ``langgraph_art.errors.HTTP_ERRORS``
@@ -15,12 +14,9 @@
 
 from __future__ import annotations
 
-import ast
 import inspect
-import io
 import re
 import sys
-import tokenize
 from pathlib import Path
 from typing import Any
 
@@ -29,43 +25,6 @@ MARKER = re.compile(r"<!--\s*generated:\s*([a-z0-9-]+)\s*-->")
 
 
 # -- GRPOConfig ----------------------------------------------------------------------------------------------------
-def _source_help(path: Path, class_name: str) -> dict[str, str]:
-    """Help per field from the class body: an attribute docstring (a string right after the field), else the
-    comment on the field's line, with the comment lines right above it."""
-    text = path.read_text()
-    comments: dict[int, str] = {}
-    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
-        if tok.type == tokenize.COMMENT:
-            comments[tok.start[0]] = tok.string.lstrip("#").strip()
-    lines = text.splitlines()
-    found: dict[str, str] = {}
-    for node in ast.walk(ast.parse(text)):
-        if not (isinstance(node, ast.ClassDef) and node.name == class_name):
-            continue
-        body = node.body
-        for i, item in enumerate(body):
-            if not (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)):
-                continue
-            name = item.target.id
-            after = body[i + 1] if i + 1 < len(body) else None
-            if (
-                isinstance(after, ast.Expr)
-                and isinstance(after.value, ast.Constant)
-                and isinstance(after.value.value, str)
-            ):
-                found[name] = " ".join(after.value.value.split())
-                continue
-            above: list[str] = []
-            line = item.lineno - 1
-            while line >= 1 and lines[line - 1].strip().startswith("#"):
-                above.insert(0, comments.get(line, ""))
-                line -= 1
-            parts = [*above, *([comments[item.end_lineno]] if item.end_lineno in comments else [])]
-            if parts:
-                found[name] = " ".join(parts)
-    return found
-
-
 def _type_name(annotation: Any) -> str:
     text = annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
     return text.replace("typing.", "")
@@ -79,11 +38,10 @@ def grpo_config_table() -> str:
     from langgraph_art import config as module
 
     cls = module.GRPOConfig
-    from_code = _source_help(Path(module.__file__), cls.__name__)
     rows = ["| field | type | default | what it does |", "|---|---|---|---|"]
     missing = []
     for name, field in cls.model_fields.items():
-        help_text = field.description or from_code.get(name)
+        help_text = field.description
         if not help_text:
             missing.append(name)
             continue
