@@ -6,6 +6,7 @@ import ipaddress
 import logging
 import os
 import socket
+import threading
 from typing import Annotated, Any
 
 import typer
@@ -84,8 +85,27 @@ def serve(
             "updates then overlap sampling on another core (not with --share-weights)"
         ),
     ] = False,
+    trainer_ranks: Annotated[
+        int,
+        typer.Option(
+            help="data-parallel training ranks, each a child process (gloo on CPU, NCCL and a GPU each on CUDA); "
+            "under torchrun the ranks are torchrun's instead"
+        ),
+    ] = 1,
 ) -> None:
-    """Serve a model and its LoRA adapters over an OpenAI-compatible HTTP API."""
+    """Serve a model and its LoRA adapters over an OpenAI-compatible HTTP API.
+
+    Under ``torchrun --nproc_per_node N`` (or Slurm / a Kubernetes PyTorchJob through it) rank 0 serves and leads
+    the training; the other ranks train with it (data parallel) and serve nothing."""
+    from langgraph_art.train.ranks import torchrun_ranks
+
+    ranks = torchrun_ranks()
+    if ranks is not None and ranks.rank > 0:  # a follower: it trains what rank 0 says, nothing else
+        from langgraph_art.train.process import build_trainer
+        from langgraph_art.train.ranks import follow
+
+        follow(ranks, build_trainer)
+        return
     if not is_loopback(host) and not api_key:
         typer.echo(
             f"Refusing to bind {host!r} without an API key: anyone on the network could use the model. "
@@ -103,9 +123,13 @@ def serve(
     if max_trainers < 1:
         typer.echo(f"--max-trainers must be >= 1, got {max_trainers}", err=True)
         raise typer.Exit(2)
-    if trainer_process and share_weights:
-        typer.echo("--trainer-process trains a copy of the weights in a child process, so it cannot share the "
-                   "engine's: drop --share-weights or --trainer-process", err=True)  # fmt: skip
+    if (trainer_process or trainer_ranks > 1) and share_weights:
+        typer.echo("--trainer-process / --trainer-ranks train a copy of the weights in child processes, so they "
+                   "cannot share the engine's: drop --share-weights", err=True)  # fmt: skip
+        raise typer.Exit(2)
+    if trainer_ranks < 1 or (trainer_ranks > 1 and ranks is not None):
+        typer.echo(f"--trainer-ranks must be >= 1 (got {trainer_ranks}), and 1 under torchrun, whose processes are "
+                   "the ranks", err=True)  # fmt: skip
         raise typer.Exit(2)
     options = {  # the other engine's options stay None unless given, and then build_engine says whose they are
         "max_batch_size": max_batch_size,
@@ -133,11 +157,19 @@ def serve(
         from langgraph_art.train.policies import PolicyRegistry
         from langgraph_art.train.trainer import GRPOTrainer
 
+        leading = threading.Lock()  # under torchrun: one policy's call at a time goes through the ranks
+
         def trainer(*args: Any, **kwargs: Any) -> Any:  # on the engine's weights when it shares them
-            if trainer_process:
+            if ranks is not None:
+                from langgraph_art.train.process import build_trainer
+                from langgraph_art.train.ranks import LeadingTrainer
+
+                init = {"base_model": args[0], "config": args[1], **kwargs}
+                return LeadingTrainer(ranks, str(kwargs["checkpoint_dir"]), init, build_trainer, lock=leading)
+            if trainer_process or trainer_ranks > 1:
                 from langgraph_art.train.process import ProcessTrainer
 
-                return ProcessTrainer(*args, **kwargs)
+                return ProcessTrainer(*args, ranks=trainer_ranks, **kwargs)
             return GRPOTrainer(*args, shared=getattr(built, "shared_base", None), **kwargs)
 
         policies = PolicyRegistry(
@@ -149,7 +181,14 @@ def serve(
             chat_template=template,
         )
         app_.include_router(training_router(built, policies))
-    uvicorn.run(app_, host=host, port=port, log_level="info")
+    try:
+        uvicorn.run(app_, host=host, port=port, log_level="info")
+    finally:
+        if ranks is not None:  # the other ranks return from follow and exit
+            from langgraph_art.train.ranks import stop_followers
+
+            with leading:
+                stop_followers(ranks)
 
 
 @app.command()

@@ -41,6 +41,10 @@ class LocalBackend:
     copy of the weights: with ``Trainer(max_steps_off_policy=1)`` its updates then overlap sampling on another
     core instead of taking turns with the engine on the GIL (see benchmarks/README.md, issue 15).
 
+    ``trainer_ranks=N`` trains each policy data-parallel over N child processes, one ``torch.distributed`` rank each
+    (gloo on CPU; NCCL and a GPU each on CUDA): every rank runs a share of the step's sequences, their gradients are
+    summed, and the update is the one-process update (``train/ranks.py``; docs/guides/scale-out.md).
+
     ``chat_template`` (vLLM's option: a ``.jinja`` file, the template text, or ``"chatml-tools"``, the bundled ChatML
     template with Hermes-style tool calls) replaces the base models' own templates, for the engine and the trainers
     alike; a ``TrainableModel(chat_template=...)`` sets it for its base model (one template per base model)."""
@@ -59,6 +63,7 @@ class LocalBackend:
         max_trainers: int | None = None,
         freeze_gc: bool = True,
         trainer_process: bool = False,
+        trainer_ranks: int = 1,
         chat_template: str | Path | None = None,
     ) -> None:
         from langgraph_art.models.templates import read_chat_template
@@ -74,12 +79,17 @@ class LocalBackend:
                    "fast_decode": fast_decode, **(engine_options or {})}  # fmt: skip
         self._engine_kwargs = {key: value for key, value in options.items() if value is not None}
         check_engine_options(engine, self._engine_kwargs)
-        if trainer_process and self._engine_kwargs.get("share_weights"):
+        if isinstance(trainer_ranks, bool) or not isinstance(trainer_ranks, int) or trainer_ranks < 1:
             raise ConfigError(
-                "trainer_process=True trains a copy of the weights in a child process, so it cannot share the "
-                "engine's: drop engine_options={'share_weights': True} or trainer_process=True"
+                f"trainer_ranks must be an int >= 1 (training processes per policy), got {trainer_ranks!r}"
             )
-        self.trainer_process = trainer_process
+        if (trainer_process or trainer_ranks > 1) and self._engine_kwargs.get("share_weights"):
+            raise ConfigError(
+                "trainer_process=True / trainer_ranks > 1 train a copy of the weights in child processes, so they "
+                "cannot share the engine's: drop engine_options={'share_weights': True}"
+            )
+        self.trainer_process = trainer_process or trainer_ranks > 1
+        self.trainer_ranks = trainer_ranks
         self.chat_template = read_chat_template(chat_template) if chat_template is not None else None
         self._templates: dict[str, str | None] = {}  # base model -> the template its server and trainers use
         self._servers: dict[str, Any] = {}
@@ -110,7 +120,7 @@ class LocalBackend:
         if self.trainer_process:
             from langgraph_art.train.process import ProcessTrainer
 
-            return ProcessTrainer(*args, **kwargs)
+            return ProcessTrainer(*args, ranks=self.trainer_ranks, **kwargs)
         from langgraph_art.train.trainer import GRPOTrainer
 
         shared = getattr(self.server(base_model).engine, "shared_base", None)

@@ -18,6 +18,13 @@ checkpoint; the child ignores Ctrl-C (the parent decides) and exits when the par
 killed parent leaves no trainer behind once the current call is done. The child's torch threads: half the
 parent's (at least 1) unless ``OMP_NUM_THREADS`` is set, so the engine and the trainer do not oversubscribe the
 cores. The cost: the model's weights are loaded a second time, in the child.
+
+``ranks=N`` (``LocalBackend(trainer_ranks=N)``, ``serve --trainer-ranks N``) starts N children as one
+``torch.distributed`` group on loopback (gloo on CPU, NCCL on CUDA, a GPU each), the environment ``torchrun`` would
+give them: rank 0 answers the pipe and leads, the others follow it (``train/ranks.py``). A rank that dies mid-call
+aborts the call with ``TrainingAborted`` naming it: the parent stops the whole group (the others wait in a collective
+that can no longer finish), nothing of the call is saved, and the next call starts a new group that resumes from the
+latest checkpoint. Any error of a group of several ranks ends the group the same way, so no rank is left mid-step.
 """
 
 from __future__ import annotations
@@ -26,16 +33,18 @@ import logging
 import os
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 import traceback
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from langgraph_art.config import GRPOConfig
-from langgraph_art.errors import TrainingAborted
+from langgraph_art.errors import ConfigError, TrainingAborted
 from langgraph_art.types import Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)
@@ -57,15 +66,21 @@ class ProcessTrainer:
         device: str | None = None,
         threads: int | None = None,
         chat_template: str | None = None,
+        ranks: int = 1,
     ) -> None:
-        """``threads``: the child's torch threads (None: ``OMP_NUM_THREADS`` if set, else half the parent's)."""
+        """``threads``: each child's torch threads (None: ``OMP_NUM_THREADS`` if set, else half the parent's, shared
+        by the ranks). ``ranks``: data-parallel training ranks, one child each."""
+        if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+            raise ConfigError(f"trainer ranks must be an int >= 1 (one process each), got {ranks!r}")
+        self.ranks = ranks
         self.config = config or GRPOConfig()
         self.checkpoint_dir = Path(checkpoint_dir)
         self._init = {"base_model": base_model, "checkpoint_dir": str(self.checkpoint_dir), "device": device,
                       "chat_template": chat_template}  # fmt: skip
-        self._threads = threads if threads is not None else child_threads()
+        self._threads = threads if threads is not None else max(1, child_threads() // ranks)
         self._lock = threading.Lock()
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: subprocess.Popen[bytes] | None = None  # rank 0, which the pipe reaches
+        self._followers: list[subprocess.Popen[bytes]] = []  # ranks 1..N-1
         self._send: Connection | None = None
         self._recv: Connection | None = None
         self.step_count = 0
@@ -75,6 +90,11 @@ class ProcessTrainer:
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
+
+    @property
+    def pids(self) -> list[int]:
+        """The children's process ids, rank 0 first."""
+        return [p.pid for p in ([self._proc] if self._proc else []) + self._followers]
 
     def step(self, groups: Any) -> Any:
         return self._call("step", [without_final_state(g) for g in groups])
@@ -100,13 +120,20 @@ class ProcessTrainer:
         to_child, from_parent = os.pipe()
         to_parent, from_child = os.pipe()
         path = os.pathsep.join(filter(None, [package_root(), os.environ.get("PYTHONPATH")]))
+        env = {**os.environ, "PYTHONPATH": path}
+        group = rank_environments(self.ranks)
         try:
+            for rank in range(1, self.ranks):  # they wait for rank 0 in init_process_group
+                follower_env = {**env, **group[rank], "OMP_NUM_THREADS": str(self._threads)}
+                command = [sys.executable, "-m", "langgraph_art.train.process", "--follow"]
+                self._followers.append(subprocess.Popen(command, env=follower_env))
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "langgraph_art.train.process", str(to_child), str(from_child)],
                 pass_fds=(to_child, from_child),
-                env={**os.environ, "PYTHONPATH": path},
+                env={**env, **group[0]},
             )
         except BaseException:
+            self._kill_followers()
             os.close(from_parent)
             os.close(to_parent)
             raise
@@ -134,6 +161,9 @@ class ProcessTrainer:
         assert self._send is not None and self._recv is not None and self._proc is not None
         try:
             self._send.send((method, args, kwargs))
+            while not self._recv.poll(0.2):  # and watch the other ranks: one that dies leaves rank 0 waiting
+                if self._dead_followers():
+                    self._rank_died(method)
             status, value, self.step_count = self._recv.recv()
         except (EOFError, OSError) as exc:
             try:
@@ -141,22 +171,65 @@ class ProcessTrainer:
             except subprocess.TimeoutExpired:  # its pipe broke but it lives on: it cannot answer anymore
                 self._proc.kill()
                 code = self._proc.wait()
-            self._stop()
+            self._stop(kill=True)
             raise TrainingAborted(
                 f"the trainer process for {self.checkpoint_dir} exited (code {code}) during {method}; nothing of "
                 "this call was saved, the checkpoints before it are intact, and the next call starts a new trainer "
                 "process that resumes from the latest one"
             ) from exc
         if status == "error":
+            if self.ranks > 1:  # a rank may be left mid-collective: the next call starts the group anew
+                if self._dead_followers(wait_s=2.0):  # rank 0 saw the connection drop before we saw the exit
+                    self._rank_died(method, value)
+                self._stop(kill=True)
             raise value
         return value
 
-    def _stop(self) -> None:
+    def _dead_followers(self, wait_s: float = 0.0) -> list[tuple[int, int]]:
+        """(rank, exit code) of the ranks > 0 that exited, waiting up to ``wait_s`` for one to."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            dead = [(r, p.returncode) for r, p in enumerate(self._followers, 1) if p.poll() is not None]
+            if dead or time.monotonic() >= deadline:
+                return dead
+            time.sleep(0.05)
+
+    def _rank_died(self, method: str, error: BaseException | None = None) -> None:
+        rank, code = self._dead_followers()[0]
+        self._stop(kill=True)
+        raise TrainingAborted(
+            f"training rank {rank} for {self.checkpoint_dir} exited (code {code}) during {method}; the group of "
+            f"{self.ranks} ranks is stopped, nothing of this call was saved, the checkpoints before it are intact, "
+            "and the next call starts a new group that resumes from the latest one"
+        ) from error
+
+    def _kill_followers(self) -> None:
+        for follower in self._followers:
+            if follower.poll() is None:
+                follower.kill()
+            follower.wait()
+        self._followers = []
+
+    def _stop(self, kill: bool = False) -> None:
+        """Close the pipe (rank 0 tells the other ranks to stop, then exits); ``kill``: kill every rank now (one is
+        dead or stuck in a collective)."""
         proc, send, recv = self._proc, self._send, self._recv
         self._proc = self._send = self._recv = None
         for conn in (send, recv):
             if conn is not None:
                 conn.close()  # the child reads EOF and exits
+        if kill:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            self._kill_followers()
+            return
+        for follower in self._followers:
+            try:
+                follower.wait(CLOSE_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                log.warning("training rank %d did not exit within %.0f s; killing it", follower.pid, CLOSE_TIMEOUT_S)
+        self._kill_followers()
         if proc is not None and proc.poll() is None:
             try:
                 proc.wait(CLOSE_TIMEOUT_S)
@@ -182,6 +255,18 @@ def package_root() -> str:
     return str(Path(__file__).resolve().parents[2])
 
 
+def rank_environments(ranks: int) -> list[dict[str, str]]:
+    """What ``torchrun --nproc_per_node ranks`` would set for each rank, on loopback and a free port."""
+    if ranks == 1:
+        return [{"WORLD_SIZE": "1"}]  # not a rank of a group the parent may be in (a torchrun-started service)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    common = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": str(ranks),
+              "LOCAL_WORLD_SIZE": str(ranks)}  # fmt: skip
+    return [{**common, "RANK": str(r), "LOCAL_RANK": str(r)} for r in range(ranks)]
+
+
 def child_threads() -> int:
     if os.environ.get("OMP_NUM_THREADS"):
         return int(os.environ["OMP_NUM_THREADS"])
@@ -198,6 +283,10 @@ def serve(requests: Connection, answers: Connection) -> None:
         try:
             method, args, kwargs = requests.recv()
         except EOFError:
+            if trainer is not None and hasattr(trainer, "ranks") and trainer.ranks.world_size > 1:
+                from langgraph_art.train.ranks import stop_followers
+
+                stop_followers(trainer.ranks)
             return
         try:
             if method == "start":
@@ -227,9 +316,31 @@ def start_trainer(
     import torch
 
     torch.set_num_threads(threads)
+    init: dict[str, Any] = {"base_model": base_model, "config": config, "checkpoint_dir": checkpoint_dir,
+                            "device": device, "chat_template": chat_template}  # fmt: skip
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # rank 0 of a group: it leads the others
+        from langgraph_art.train.ranks import LeadingTrainer, init_ranks
+
+        return LeadingTrainer(init_ranks(), checkpoint_dir, init, build_trainer)
+    return build_trainer(**init)
+
+
+def build_trainer(**init: Any) -> Any:
+    """A ``GRPOTrainer`` on this rank's device (a follower builds the trainers rank 0 asks for)."""
+    from langgraph_art.train.ranks import rank_device
     from langgraph_art.train.trainer import GRPOTrainer
 
-    return GRPOTrainer(base_model, config, checkpoint_dir=checkpoint_dir, device=device, chat_template=chat_template)
+    return GRPOTrainer(**{**init, "device": rank_device(init.get("device"))})
+
+
+def follow_leader() -> None:
+    """A rank > 0 started by ``ProcessTrainer(ranks=N)``: join the group, follow rank 0 until it stops."""
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    from langgraph_art.train.ranks import follow, init_ranks
+
+    follow(init_ranks(), build_trainer)
 
 
 def portable(exc: Exception) -> Exception:
@@ -245,4 +356,7 @@ def portable(exc: Exception) -> Exception:
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent decides
+    if sys.argv[1] == "--follow":
+        follow_leader()
+        sys.exit(0)
     serve(Connection(int(sys.argv[1]), writable=False), Connection(int(sys.argv[2]), readable=False))

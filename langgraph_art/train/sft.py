@@ -8,6 +8,7 @@ the assistant said (and its end-of-turn token) is trained on. Trajectories train
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -84,18 +85,26 @@ def sft_loss(trainer: Any, batch: list[TrainSequence]) -> tuple[torch.Tensor, in
 def sft_steps(trainer: Any, sequences: list[TrainSequence], steps: int, learning_rate: float) -> list[float]:
     """``steps`` updates of ``trainer``'s LoRA (a ``GRPOTrainer`` in training mode), each on the next
     ``per_device_train_batch_size`` sequences (cycling), with its own AdamW so the RL optimizer's moments are not
-    disturbed; the loss of each step."""
+    disturbed; the loss of each step (mean NLL over the step's trained tokens). Over several training ranks each
+    runs a share of the step's sequences and their gradients are summed (``train/ranks.py``): the same update."""
     optimizer = torch.optim.AdamW(trainer.trainable_parameters(), lr=learning_rate)
     size, losses = trainer.config.per_device_train_batch_size, []
     for index in range(steps):
         start = (index * size) % len(sequences)
         batch = (sequences + sequences)[start : start + size]
-        loss, _ = sft_loss(trainer, batch)
-        if not torch.isfinite(loss):
-            raise TrainingAborted(f"SFT step {index + 1}: non-finite loss; lower the learning rate")
+        tokens = sum(sum(s.mask[first_trained_position([s]) :]) for s in batch)  # the step's, on every rank
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        summed = 0.0
+        for part in trainer.ranks.share([batch]):  # one rank: the whole batch
+            loss, _ = sft_loss(trainer, part)
+            part_tokens = sum(sum(s.mask[first_trained_position([s]) :]) for s in part)
+            (loss * (part_tokens / tokens)).backward()  # this share of the step's mean
+            summed += loss.item() * part_tokens
+        (total,) = trainer.ranks.sum_gradients(trainer.trainable_parameters(), [summed])
+        if not math.isfinite(total):
+            optimizer.zero_grad(set_to_none=True)
+            raise TrainingAborted(f"SFT step {index + 1}: non-finite loss; lower the learning rate")
         torch.nn.utils.clip_grad_norm_(trainer.trainable_parameters(), trainer.config.max_grad_norm)
         optimizer.step()
-        losses.append(loss.item())
+        losses.append(total / tokens)
     return losses

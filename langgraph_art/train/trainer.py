@@ -49,6 +49,7 @@ from langgraph_art.train.batches import (
 from langgraph_art.train.constrained import batch_grammar_masks, grammar_mass, replay_grammars
 from langgraph_art.train.forward import PolicyForward
 from langgraph_art.train.loss import GrammarMasks, policy_loss
+from langgraph_art.train.ranks import RankGroup
 from langgraph_art.train.tokenize import TokenizeReport, TrainSequence, build_sequences
 from langgraph_art.types import StepResult, TrajectoryGroup
 
@@ -77,12 +78,15 @@ class GRPOTrainer:
         device: str | None = None,
         shared: SharedBase | None = None,
         chat_template: str | None = None,
+        ranks: RankGroup | None = None,
     ) -> None:
         """``shared``: an engine's model in this process (``LocalBackend`` passes it when the engine offers it) to
         train on instead of loading a copy; used when its dtype is the one this config trains in. ``chat_template``:
         the template the serving engine renders with (turns without prompt ids and SFT examples are rendered with
-        it); a shared model comes with the engine's tokenizer."""
+        it); a shared model comes with the engine's tokenizer. ``ranks``: this process's place among data-parallel
+        training ranks (``train/ranks.py``; default: torch.distributed's group when initialised, else one rank)."""
         self.config = config or GRPOConfig()
+        self.ranks = ranks or RankGroup.current()
         self.checkpoint_dir = Path(checkpoint_dir)
         dtype = train_dtype(self.config, device)
         if shared is not None and (
@@ -133,6 +137,7 @@ class GRPOTrainer:
         self.step_count = 0
         self._grammars: Any = None
         self._resume()
+        self.ranks.check_same(self.step_count, "latest checkpoint step")
 
     def adapter(self) -> Any:
         """``with trainer.adapter():`` runs ``trainer.model`` with the trained LoRA (outside: the base model)."""
@@ -208,7 +213,7 @@ class GRPOTrainer:
                 advantages=dict(advantages.by_trajectory),
             )
 
-        batches = micro_batches(sequences, cfg.per_device_train_batch_size)
+        batches = self.ranks.share(micro_batches(sequences, cfg.per_device_train_batch_size))  # this rank's
         total_tokens = sum(sum(s.mask) for s in sequences)
         keys = ["loss", "entropy", "kl", "clip_fraction", "ratio_mean", "sampler_logprob_gap"]
         keys += ["grammar/tokens", "grammar/mass"]  # summed: trained tokens under a grammar, the policy's mass inside
@@ -219,9 +224,15 @@ class GRPOTrainer:
         with self._all_or_nothing(cfg.num_iterations > 1):  # an abort in pass 2 undoes pass 1's update
             for iteration in range(cfg.num_iterations):
                 self.optimizer.zero_grad(set_to_none=True)
-                with self._training():
-                    for batch in batches:
-                        self._backward(batch, sequences, total_tokens, sums if iteration == 0 else last)
+                aborted = self._accumulate(batches, sequences, total_tokens, sums if iteration == 0 else last)
+                # the ranks' gradients summed: each micro-batch's loss is weighted by the step's global counts
+                (failed,) = self.ranks.sum_gradients(self._params, [float(aborted is not None)])
+                if failed:
+                    raise aborted or TrainingAborted(
+                        f"step {self.step_count + 1}: the loss is non-finite on another training rank; the weights "
+                        "are as before the step and no checkpoint was written. Lower learning_rate or check the "
+                        "rewards for extreme values."
+                    )
                 norms.append(float(torch.nn.utils.clip_grad_norm_(self.trainable_parameters(), cfg.max_grad_norm)))
                 if not math.isfinite(norms[-1]):
                     where = f" (pass {iteration + 1} of {cfg.num_iterations})" if cfg.num_iterations > 1 else ""
@@ -235,6 +246,11 @@ class GRPOTrainer:
         self.step_count += 1
         if self._trims_heap:
             trim_heap()
+        totals = self.ranks.sum_values([*sums.values(), *last.values()])  # each rank summed its micro-batches'
+        sums, last = (
+            dict(zip(keys, totals[: len(keys)], strict=True)),
+            dict(zip(keys, totals[len(keys) :], strict=True)),
+        )
         seconds = time.perf_counter() - started
         constrained, mass = sums.pop("grammar/tokens"), sums.pop("grammar/mass")
         metrics = {
@@ -258,6 +274,20 @@ class GRPOTrainer:
             metrics["train/grammar/mismatched_turns"] = float(mismatched)
             metrics["train/grammar/forced_tokens"] = float(forced)  # fed by jump-forward: context, not trained
         return StepResult(self.step_count, True, metrics, report.skipped, advantages=dict(advantages.by_trajectory))
+
+    def _accumulate(
+        self, batches: list[list[TrainSequence]], sequences: list[TrainSequence], total_tokens: int,
+        sums: dict[str, float],
+    ) -> TrainingAborted | None:  # fmt: skip
+        """Forward and backward of this rank's micro-batches (gradients accumulate); a non-finite loss stops it and
+        is returned, to be raised once every rank knows (``ranks.sum_gradients``)."""
+        with self._training():
+            for batch in batches:
+                try:
+                    self._backward(batch, sequences, total_tokens, sums)
+                except TrainingAborted as exc:
+                    return exc
+        return None
 
     def _backward(
         self, batch: list[TrainSequence], sequences: list[TrainSequence], total_tokens: int, sums: dict[str, float]
@@ -408,7 +438,10 @@ class GRPOTrainer:
 
     # -- checkpoints -----------------------------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
-        """Write checkpoint ``step_count`` atomically; returns its folder (a peft adapter folder)."""
+        """Write checkpoint ``step_count`` atomically; returns its folder (a peft adapter folder). Only rank 0
+        writes (the ranks' LoRAs are identical); the others return the folder it writes."""
+        if not self.ranks.writes:
+            return checkpoint.step_dir(self.checkpoint_dir, self.step_count)
         name = getattr(self.model, "name_or_path", None)
 
         def write(folder: Path) -> None:
@@ -419,7 +452,7 @@ class GRPOTrainer:
             self.checkpoint_dir,
             self.step_count,
             write,
-            {"config": self.config.model_dump()},
+            {"config": self.config.model_dump(), "world_size": self.ranks.world_size},
             keep=self.config.save_total_limit,
         )
 
