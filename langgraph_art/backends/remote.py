@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from langgraph_art.backends.base import register_policy
-from langgraph_art.errors import RETRY_AFTER, ConfigError, error_from_http
+from langgraph_art.errors import RETRY_AFTER, ConfigError, LangGraphArtError, error_from_http
 from langgraph_art.model import TrainableModel
+from langgraph_art.serve.publish import stale_adapters
 from langgraph_art.store import TrajectoryStore, default_home
 from langgraph_art.types import StepResult, Trajectory
 
@@ -22,7 +24,14 @@ log = logging.getLogger(__name__)
 class RemoteBackend:
     """A client of ``langgraph-art serve`` at ``base_url`` (``http://host:8000/v1``): rollouts run here (many
     machines can point at one service), training steps run in the service. The store and metrics stay local,
-    under ``home``."""
+    under ``home``.
+
+    ``replicas``: the ``serve`` processes that answer the rollouts (``base_url`` among them or not), each started
+    with ``--adapter-root`` on the training service's ``--home`` (a file system they share, at the same path).
+    After each step every replica loads the new checkpoint before ``train_step`` returns, so the next step's
+    rollouts only meet the new policy; ``ChatART(model=...)`` takes the replicas in turn (``base_urls``) and skips
+    one that is down. Why in the client rather than a load balancer in front: the balancer cannot know when every
+    replica has the new checkpoint; with one in front, pass its URL alone and load the checkpoints yourself."""
 
     def __init__(
         self,
@@ -32,10 +41,17 @@ class RemoteBackend:
         home: str | Path | None = None,
         timeout: float = 600.0,
         max_wait: float = 60.0,
+        replicas: Sequence[str] | None = None,
+        keep_loaded: int = 2,
     ) -> None:
         """``timeout``: seconds for one request (a training step included); ``max_wait``: how long a busy (429) or
-        loading (503) service is waited for, by its ``retry-after``, before the error is raised."""
+        loading (503) service is waited for, by its ``retry-after``, before the error is raised. ``keep_loaded``:
+        checkpoints of a policy each replica keeps loaded (older ones are unloaded, and stay on disk)."""
+        if replicas is not None and (isinstance(replicas, str) or not replicas):
+            raise ConfigError(f"replicas is a list of base URLs (http://host:8000/v1, ...), got {replicas!r}")
         self.base_url = base_url.rstrip("/")
+        self.replicas = [url.rstrip("/") for url in replicas] if replicas else [self.base_url]
+        self.keep_loaded = keep_loaded
         self.max_wait = max_wait
         self.api_key = api_key
         self.home = Path(home) if home is not None else default_home()
@@ -49,9 +65,38 @@ class RemoteBackend:
                 "`langgraph-art serve --chat-template FILE|chatml-tools` and drop chat_template from the model"
             )
         register_policy(self.base_url, self.api_key, model.served_name)
+        for url in self._other_replicas():
+            register_policy(url, self.api_key, model.served_name)
+        if self._other_replicas():  # a model trained before: every replica serves where it left off
+            body = self._call("get", f"/train/{model.name}", params={"project": model.project})
+            if body.get("checkpoint"):
+                self._publish(model, int(body["step"]), body["checkpoint"])
 
     def chat_model_settings(self, model: TrainableModel) -> dict[str, Any]:
-        return {"base_url": self.base_url, "api_key": self.api_key or "unused"}
+        urls = {"base_url": self.replicas[0], **({"base_urls": self.replicas} if len(self.replicas) > 1 else {})}
+        return {**urls, "api_key": self.api_key or "unused"}
+
+    def _other_replicas(self) -> list[str]:
+        """The replicas that are not the training service (which serves its checkpoints itself)."""
+        return [url for url in self.replicas if url != self.base_url]
+
+    def _publish(self, model: TrainableModel, step: int, folder: str) -> None:
+        """Every other replica loads checkpoint ``step`` (``folder``, on the shared file system) as
+        ``project/name@step`` and unloads the policy's steps beyond ``keep_loaded``; an error names the replica."""
+        name = model.served_name
+        for url in self._other_replicas():
+            replica = RemoteBackend(url, self.api_key, home=self.home, timeout=self.timeout, max_wait=self.max_wait)
+            try:
+                replica._call("post", "/adapters", json={"name": f"{name}@{step}", "path": folder})
+                loaded = [a["name"] for a in replica._call("get", "/adapters")["data"]]
+                for stale in stale_adapters(loaded, name, self.keep_loaded):
+                    replica._call("delete", f"/adapters/{stale}")
+            except LangGraphArtError as exc:
+                raise ConfigError(
+                    f"replica {url} could not load checkpoint {step} of {name} from {folder}: {exc}. Start every "
+                    "replica with --adapter-root on the training service's --home (a file system they share, at "
+                    "the same path); until it loads, its rollouts would sample an older policy"
+                ) from exc
 
     def store(self, model: TrainableModel) -> TrajectoryStore:
         return TrajectoryStore.for_project(model.project, self.home)
@@ -77,7 +122,12 @@ class RemoteBackend:
             "config": self._config.get((model.project, model.name)),
             "groups": [g.model_dump(mode="json") for g in groups],
         }
-        return StepResult(**self._call("post", f"/train/{model.name}/step", json=payload))
+        body = self._call("post", f"/train/{model.name}/step", json=payload)
+        folder = body.pop("checkpoint", None)
+        result = StepResult(**body)
+        if result.updated and folder:  # before the next step's rollouts: every replica serves the new policy
+            self._publish(model, result.step, folder)
+        return result
 
     def warmup(
         self,
@@ -98,7 +148,10 @@ class RemoteBackend:
             "learning_rate": learning_rate,
             "config": config.model_dump() if config is not None else None,
         }
-        return list(self._call("post", f"/train/{model.name}/warmup", json=payload)["losses"])
+        body = self._call("post", f"/train/{model.name}/warmup", json=payload)
+        if body.get("checkpoint"):
+            self._publish(model, int(body["step"]), body["checkpoint"])
+        return list(body["losses"])
 
     def _call(self, method: str, path: str, **kwargs: Any) -> Any:
         """One request; an error answer raises what ``LocalBackend`` raises for the same failure

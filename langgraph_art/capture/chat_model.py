@@ -22,7 +22,7 @@ from langchain_core.utils.function_calling import convert_to_json_schema
 from langchain_openai import ChatOpenAI
 from pydantic import Field, model_validator
 
-from langgraph_art.capture.http import loop_safe_async_client
+from langgraph_art.capture.http import loop_safe_async_client, replica_clients
 from langgraph_art.capture.messages import to_openai_messages
 from langgraph_art.capture.recorder import (
     ART_LLM_TYPE,
@@ -56,6 +56,9 @@ class ChatART(ChatOpenAI):
     """False records this model's calls as context only (never trained on)."""
     recorder: TurnRecorder | None = Field(default_factory=TurnRecorder, exclude=True)
     """ChatART's own log of its calls; give it to a ``TrajectoryCallbackHandler`` (``recorders=[...]``)."""
+    base_urls: list[str] | None = None
+    """Several servers of the same policy (replicas, e.g. ``RemoteBackend(replicas=[...])``): calls go to each in
+    turn, and one that refuses the connection is skipped; ``base_url`` is the first."""
     in_process: Any = Field(default=None, exclude=True)
     """Set by a ``LocalBackend``: its server answers this model's non-streaming calls in this process, without
     the openai SDK (``serve/inprocess/``: an endpoint with ``wrap``, ``wraps`` and ``through_sdk``). None sends
@@ -84,11 +87,15 @@ class ChatART(ChatOpenAI):
                 if not own_clients and values.get("in_process") is None:  # the user's own clients see every call
                     values["in_process"] = served.get("in_process")
             values.setdefault("base_url", served["base_url"])
+            if served.get("base_urls") and not values.get("base_urls"):
+                values["base_urls"] = served["base_urls"]
             values.setdefault("api_key", served.get("api_key") or "unused")
             if served.get("recorder") is not None:
                 values.setdefault("recorder", served["recorder"])
         elif model is not None and not isinstance(model, str):
             raise ConfigError(f"ChatART(model=...) takes a model name or a TrainableModel, got {type(model).__name__}")
+        if values.get("base_urls"):
+            spread_over_replicas(values)
         if not (values.get("base_url") or values.get("openai_api_base")) and os.environ.get(ENV_BASE_URL):
             values["base_url"] = os.environ[ENV_BASE_URL]
         if not (values.get("base_url") or values.get("openai_api_base") or os.environ.get("OPENAI_BASE_URL")):
@@ -324,6 +331,46 @@ class ChatART(ChatOpenAI):
             )
         except Exception:
             log.exception("ChatART could not record a call (the call itself succeeded)")
+
+    # -- pickling: a ChatART travels as its settings (to Ray workers, to another process) ------------------
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle as the plain settings (every field but those bound to this process, so fields added later
+        travel too): the copy talks over HTTP to ``base_url`` with its own clients, never in process, and records
+        its calls in ``ChatART.unpickled_recorder()``. A ``LocalBackend``'s service listens on a loopback port
+        (reachable from processes on this machine); on other machines point it at a reachable ``langgraph-art
+        serve``."""
+        bound = {"client", "async_client", "root_client", "root_async_client", "http_client", "http_async_client",
+                 "in_process", "recorder"}  # fmt: skip
+        settings = {
+            (field.alias or name): getattr(self, name)
+            for name, field in type(self).model_fields.items()
+            if name not in bound
+        }
+        return (type(self)._from_pickle, (settings,))
+
+    @classmethod
+    def _from_pickle(cls, settings: dict[str, Any]) -> ChatART:
+        return cls(**settings, recorder=cls.unpickled_recorder())
+
+    @staticmethod
+    @functools.cache
+    def unpickled_recorder() -> TurnRecorder:
+        """The recorder of every ChatART rebuilt from a pickle in this process (as ``TrainableModel.recorder`` is
+        shared by its ChatARTs): give it to the handler (``recorders=[...]``) of runs in this process."""
+        return TurnRecorder()
+
+
+def spread_over_replicas(values: dict[str, Any]) -> None:
+    """ChatART settings with ``base_urls``: ``base_url`` is the first, the clients take them in turn."""
+    urls = [str(url).rstrip("/") for url in values["base_urls"]]
+    if any(values.get(key) for key in ("client", "async_client", "http_client", "http_async_client")):
+        raise ConfigError("ChatART(base_urls=[...]) brings its own HTTP clients: drop http_client/http_async_client")
+    own = values.get("base_url") or values.get("openai_api_base")
+    if own and str(own).rstrip("/") != urls[0]:
+        raise ConfigError(f"base_url={own!r} is not the first of base_urls={urls}: give base_urls alone")
+    values.pop("openai_api_base", None)
+    values["base_url"], values["base_urls"] = urls[0], urls
+    values["http_client"], values["http_async_client"] = replica_clients(urls)
 
 
 def _as_llm_result(result: ChatResult) -> LLMResult:

@@ -67,3 +67,83 @@ class LoopLocalTransport(_httpx.AsyncBaseTransport):  # type: ignore[name-define
 def loop_safe_async_client() -> Any:
     """An ``openai.DefaultAsyncHttpxClient`` (the SDK's timeouts and redirects) over a ``LoopLocalTransport``."""
     return openai.DefaultAsyncHttpxClient(transport=LoopLocalTransport())
+
+
+class Replicas:
+    """Several base URLs of one policy's servers (replicas), taken in turn. A request to the first URL's prefix is
+    sent to the next replica's; a replica that refuses the connection is skipped for that request (the next one
+    takes it); when all refuse, the last error is raised."""
+
+    def __init__(self, urls: list[str]) -> None:
+        if not urls:
+            raise ValueError("base_urls needs at least one URL")
+        self.urls = [url.rstrip("/") for url in urls]
+        self._turn = 0
+        self._lock = threading.Lock()
+
+    def order(self) -> list[str]:
+        """The replicas for the next request, the one whose turn it is first."""
+        with self._lock:
+            start, self._turn = self._turn, self._turn + 1
+        return [self.urls[(start + i) % len(self.urls)] for i in range(len(self.urls))]
+
+    def retarget(self, request: Any, url: str) -> Any:
+        """``request`` (addressed under ``urls[0]``) addressed under ``url`` instead."""
+        target = str(request.url)
+        if target.startswith(self.urls[0]):
+            target = url + target[len(self.urls[0]) :]
+        moved = _httpx.URL(target)
+        request.url = moved
+        request.headers["host"] = moved.netloc.decode("ascii")
+        return request
+
+
+class ReplicaTransport(_httpx.BaseTransport):  # type: ignore[name-defined]
+    """A sync transport that spreads requests over ``Replicas``."""
+
+    def __init__(self, replicas: Replicas) -> None:
+        self.replicas = replicas
+        self._inner = _httpx.HTTPTransport(limits=openai.DEFAULT_CONNECTION_LIMITS)
+
+    def handle_request(self, request: Any) -> Any:
+        error: Exception | None = None
+        for url in self.replicas.order():
+            try:
+                return self._inner.handle_request(self.replicas.retarget(request, url))
+            except _httpx.ConnectError as exc:  # this replica is down: the next one takes the request
+                error = exc
+        assert error is not None
+        raise error
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class AsyncReplicaTransport(_httpx.AsyncBaseTransport):  # type: ignore[name-defined]
+    """An async transport that spreads requests over ``Replicas``, with a connection pool per event loop."""
+
+    def __init__(self, replicas: Replicas) -> None:
+        self.replicas = replicas
+        self._inner = LoopLocalTransport()
+
+    async def handle_async_request(self, request: Any) -> Any:
+        error: Exception | None = None
+        for url in self.replicas.order():
+            try:
+                return await self._inner.handle_async_request(self.replicas.retarget(request, url))
+            except _httpx.ConnectError as exc:
+                error = exc
+        assert error is not None
+        raise error
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def replica_clients(urls: list[str]) -> tuple[Any, Any]:
+    """A sync and an async openai client that take ``urls`` in turn (one ``Replicas`` between them)."""
+    replicas = Replicas(urls)
+    return (
+        openai.DefaultHttpxClient(transport=ReplicaTransport(replicas)),
+        openai.DefaultAsyncHttpxClient(transport=AsyncReplicaTransport(replicas)),
+    )

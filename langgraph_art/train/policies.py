@@ -97,6 +97,14 @@ class PolicyRegistry:
 
         return checkpoint.latest_step(self.checkpoint_dir(project, name)) or 0
 
+    def latest_checkpoint(self, project: str, name: str) -> Path | None:
+        """The folder of the policy's latest checkpoint (what replicas load), None before the first."""
+        from langgraph_art.train import checkpoint
+
+        root = self.checkpoint_dir(project, name)
+        step = checkpoint.latest_step(root)
+        return checkpoint.step_dir(root, step) if step is not None else None
+
     @contextmanager
     def lease(self, project: str, name: str, config: GRPOConfig | None = None) -> Iterator[Any]:
         """The policy's trainer, exclusively for the caller, with ``config`` applied (ConfigError if it would

@@ -85,7 +85,8 @@ def training_router(engine: Any, policies: Any, *, keep_loaded: int = 4) -> APIR
     @router.get("/v1/train/{policy}")
     async def status(policy: str, project: str) -> dict[str, Any]:
         step = policies.current_step(plain(project, "project"), plain(policy))
-        return {"policy": policy, "project": project, "step": step}
+        folder = policies.latest_checkpoint(project, plain(policy))
+        return {"policy": policy, "project": project, "step": step, "checkpoint": str(folder) if folder else None}
 
     @router.post("/v1/train/{policy}/pin")
     async def pin(policy: str, body: PinRequest) -> dict[str, Any]:
@@ -115,6 +116,7 @@ def training_router(engine: Any, policies: Any, *, keep_loaded: int = 4) -> APIR
             "skipped": result.skipped,
             "reason": result.reason,
             "advantages": result.advantages,
+            "checkpoint": str(folder) if folder is not None else None,  # where replicas load it from
         }
 
     @router.post("/v1/train/{policy}/warmup")
@@ -141,6 +143,6 @@ def training_router(engine: Any, policies: Any, *, keep_loaded: int = 4) -> APIR
         except (ValueError, LangGraphArtError) as exc:  # nothing to learn, a template that cannot render it
             raise RequestError(f"examples: {exc}", "examples") from exc
         await publish(engine, ModelRef(served_name(body.project, policy), step), folder, keep_loaded)
-        return {"step": step, "losses": losses}
+        return {"step": step, "losses": losses, "checkpoint": str(folder)}
 
     return router
