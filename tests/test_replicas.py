@@ -48,12 +48,18 @@ def probe(url: str, model: str) -> tuple[str, list[float]]:
 @pytest.mark.slow
 @pytest.mark.integration
 def test_every_replica_serves_each_new_checkpoint_before_the_next_rollouts(tiny_path: Path, tmp_path: Path) -> None:
+    check_replicas(tiny_path, tmp_path, device="cpu")
+
+
+def check_replicas(tiny_path: Path, tmp_path: Path, device: str) -> None:
+    """A training service and a replica on loopback (on ``device``), three steps (also run on a GPU:
+    test_scale_out_gpu.py)."""
     counts: Counter[str] = Counter()
-    trainer_service = counting(EmbeddedServer(str(tiny_path), served_name="tiny"), counts, "a")
-    policies = PolicyRegistry(str(tiny_path), tmp_path / "service")
+    trainer_service = counting(EmbeddedServer(str(tiny_path), served_name="tiny", device=device), counts, "a")
+    policies = PolicyRegistry(str(tiny_path), tmp_path / "service", device=device)
     trainer_service.app.include_router(training_router(trainer_service.engine, policies))
-    replica = counting(EmbeddedServer(str(tiny_path), served_name="tiny", adapter_roots=[tmp_path / "service"]),
-                       counts, "b")  # fmt: skip
+    replica = EmbeddedServer(str(tiny_path), served_name="tiny", adapter_roots=[tmp_path / "service"], device=device)
+    counting(replica, counts, "b")
     with trainer_service, replica:
         urls = [trainer_service.base_url, replica.base_url]
         backend = art.RemoteBackend(urls[0], home=tmp_path / "client", replicas=urls)

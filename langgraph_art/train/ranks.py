@@ -94,9 +94,9 @@ class RankGroup:
         for param in params:
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
-        first = params[0]
-        extra = torch.tensor(list(values), dtype=torch.float64, device=first.device)
-        flat = torch.cat([p.grad.reshape(-1).to(torch.float64) for p in params] + [extra])  # type: ignore[union-attr]
+        # float32 on the wire (what the LoRA trains in on CPU; bf16 gradients are summed without rounding to bf16)
+        extra = torch.tensor(list(values), dtype=torch.float32, device=params[0].device)
+        flat = torch.cat([p.grad.reshape(-1).float() for p in params] + [extra])  # type: ignore[union-attr]
         dist.all_reduce(flat)
         offset = 0
         for param in params:
@@ -112,7 +112,7 @@ class RankGroup:
             return list(values)
         import torch.distributed as dist
 
-        total = torch.tensor(list(values), dtype=torch.float64, device=collective_device())
+        total = torch.tensor(list(values), dtype=torch.float64, device=collective_device())  # counts, metric sums
         dist.all_reduce(total)
         return [float(v) for v in total]
 
