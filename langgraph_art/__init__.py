@@ -1,11 +1,11 @@
 """langgraph-art: reinforcement learning for existing LangGraph agents.
 
 The names here are the workflow: capture runs of your graph (``ChatART``, ``rollout``), say what a good run is
-(``reward``, ``RulerJudge``), train (``Trainer``, ``GRPOConfig``, a backend), evaluate; the data they pass
-(``Trajectory``, ``TrajectoryGroup``, ``TrajectoryStore``); the extension points (``Backend``, ``Sink``,
-``RewardSource``); and the errors a caller handles. The parts of a trajectory are in ``langgraph_art.types``, every
-error in ``langgraph_art.errors``, the inference service (engines, the app, the embedded server) in
-``langgraph_art.serve``, test helpers and the tiny models in ``langgraph_art.testing``.
+(``reward``, ``RulerJudge``), train (``Trainer``, ``GRPOConfig``, a backend, ``RayRollouts`` for rollouts on Ray),
+evaluate; the data they pass (``Trajectory``, ``TrajectoryGroup``, ``TrajectoryStore``); the extension points
+(``Backend``, ``Sink``, ``RewardSource``); and the errors a caller handles. The parts of a trajectory are in
+``langgraph_art.types``, every error in ``langgraph_art.errors``, the inference service (engines, the app, the
+embedded server) in ``langgraph_art.serve``, test helpers and the tiny models in ``langgraph_art.testing``.
 
 ``import langgraph_art`` stays light (no torch, transformers, peft, vllm, fastapi or langfuse): the heavy parts load
 on first use of the names below.
@@ -49,6 +49,7 @@ _LAZY = {
     # training and evaluation
     "TrainableModel": "langgraph_art.model",
     "Trainer": "langgraph_art.loop",
+    "RayRollouts": "langgraph_art.rollouts",
     "GRPOConfig": "langgraph_art.config",
     "LocalBackend": "langgraph_art.backends.local",
     "RemoteBackend": "langgraph_art.backends.remote",
@@ -76,6 +77,7 @@ if TYPE_CHECKING:
     from langgraph_art.rewards.combine import RewardSource, ascore_groups, score_groups
     from langgraph_art.rewards.decorators import Score, reward
     from langgraph_art.rewards.judge import RulerJudge
+    from langgraph_art.rollouts import RayRollouts
     from langgraph_art.sinks import Sink
     from langgraph_art.store import TrajectoryStore
     from langgraph_art.types import Trajectory, TrajectoryGroup
@@ -101,6 +103,7 @@ __all__ = [
     "GRPOConfig",
     "LangGraphArtError",
     "LocalBackend",
+    "RayRollouts",
     "RemoteBackend",
     "RewardError",
     "RewardSource",

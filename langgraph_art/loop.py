@@ -39,6 +39,7 @@ from langgraph_art.evaluation import aevaluate, reward_metrics
 from langgraph_art.model import TrainableModel
 from langgraph_art.progress import ProgressBar
 from langgraph_art.rewards.combine import as_source, ascore_groups
+from langgraph_art.rollouts.protocol import Rollouts
 from langgraph_art.runlog import append_record, plot_rewards
 from langgraph_art.sinks import make_sinks
 from langgraph_art.sync import run_sync
@@ -54,6 +55,7 @@ class _Rollout(NamedTuple):
     started: float  # perf_counter at its start: the step's time counts from here
     wall: float  # time.time() at its start
     seconds: float
+    metrics: Mapping[str, float]  # the rollouts' own (RayRollouts: rollouts/retried, rollouts/workers_lost)
 
 
 class Trainer:
@@ -77,6 +79,7 @@ class Trainer:
         langfuse: Any = None,
         wandb: Any = None,
         sinks: Sequence[Any] = (),
+        rollouts: Rollouts | None = None,
     ) -> None:
         """``num_generations``: runs per scenario (``GRPOConfig.num_generations``, default 8), given here or in
         ``config``, not both with different values.
@@ -92,7 +95,10 @@ class Trainer:
         entry points, see ``sinks.py``). None follows the environment (Langfuse when ``LANGFUSE_PUBLIC_KEY`` and
         ``LANGFUSE_SECRET_KEY`` are set; W&B when ``WANDB_API_KEY``/``WANDB_PROJECT`` is set or ``WANDB_MODE`` is
         offline/online), True requires it, False never; Langfuse also takes your own ``LangfuseExporter``, W&B a
-        dict of ``wandb.init`` arguments. ``sinks``: your own ``langgraph_art.Sink`` objects."""
+        dict of ``wandb.init`` arguments. ``sinks``: your own ``langgraph_art.Sink`` objects.
+
+        ``rollouts``: where each step's runs happen; None runs them on this process's event loop,
+        ``art.RayRollouts(num_workers=4)`` on Ray actors (``rollouts.py``; evaluation stays here)."""
         if (
             isinstance(max_steps_off_policy, bool)
             or not isinstance(max_steps_off_policy, int)
@@ -104,6 +110,11 @@ class Trainer:
         if not rewards:
             raise ConfigError("Trainer needs at least one reward: rewards=[my_reward_fn, art.RulerJudge(...)]")
         _check_eval(eval_scenarios, eval_every, eval_generations, eval_rewards)
+        if rollouts is not None and not callable(getattr(rollouts, "agather", None)):
+            raise ConfigError(
+                f"rollouts must be None (runs on this event loop) or an object with an async agather(...), such as "
+                f"art.RayRollouts(num_workers=2); got {type(rollouts).__name__}"
+            )
         if not isinstance(model.backend, Backend):
             raise ConfigError(
                 f"{type(model.backend).__name__} cannot train: register the model with art.LocalBackend() or "
@@ -113,6 +124,7 @@ class Trainer:
         self.config = _with_generations(config or GRPOConfig(), num_generations)
         self.scenarios_per_step, self.max_concurrency = scenarios_per_step, max_concurrency
         self.max_steps_off_policy = max_steps_off_policy
+        self.rollouts = rollouts
         self.backend: Backend = model.backend
         self.store = self.backend.store(model)
         self.run_id = uuid.uuid4().hex[:12]
@@ -265,17 +277,29 @@ class Trainer:
         """The step's runs, each stored as it finishes."""
         started, wall = time.perf_counter(), time.time()
         policy_step = await asyncio.to_thread(self.backend.current_step, self.model)
-        groups = await agather_groups(
-            self.graph,
-            scenarios,
-            self.config.num_generations,
-            max_concurrency=self.max_concurrency,
-            recorders=[self.model.recorder],
-            store=self.store,
-            progress=False,
-            metadata={"policy_step": policy_step, "training_run": self.run_id, "split": "train"},
-        )
-        return _Rollout(groups, policy_step, started, wall, time.perf_counter() - started)
+        metadata = {"policy_step": policy_step, "training_run": self.run_id, "split": "train"}
+        metrics: Mapping[str, float] = {}
+        if self.rollouts is None:
+            groups = await agather_groups(
+                self.graph,
+                scenarios,
+                self.config.num_generations,
+                max_concurrency=self.max_concurrency,
+                recorders=[self.model.recorder],
+                store=self.store,
+                progress=False,
+                metadata=metadata,
+            )
+        else:
+            groups, metrics = await self.rollouts.agather(
+                self.graph,
+                scenarios,
+                self.config.num_generations,
+                max_concurrency=self.max_concurrency,
+                metadata=metadata,
+                store=self.store,
+            )
+        return _Rollout(groups, policy_step, started, wall, time.perf_counter() - started, metrics)
 
     async def _learn_after(self, previous: asyncio.Task[Any] | None, rollout: _Rollout) -> dict[str, float]:
         """``_learn`` once the step before has learned; if that one failed, this step's groups are stored unscored
@@ -316,6 +340,7 @@ class Trainer:
             "off_policy/steps_max": float(max(lags, default=0)),
             "train/updated": float(result.updated),
             **result.metrics,
+            **rollout.metrics,
         }
         if not result.updated:  # warned once; later ones at INFO (train/updated = 0 in the metrics says it too)
             log.log(logging.INFO if self._skips else logging.WARNING, "step skipped: %s%s", result.reason,

@@ -184,7 +184,7 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
 
 
 # -- metrics -------------------------------------------------------------------------------------------------------
-FAMILIES = ("train", "reward", "eval", "time", "off_policy", "judge", "runs")
+FAMILIES = ("train", "reward", "eval", "time", "off_policy", "judge", "runs", "rollouts")
 KEY = re.compile(rf"^(?:{'|'.join(FAMILIES)})/[^/\s][^\s]*$")
 
 

@@ -184,7 +184,7 @@ async def agather_groups(
         for s in scenarios
     ]
     bar = ProgressBar("rollouts", len(scenarios) * num_generations, progress, transient=True)
-    writer = _Writer(store) if store is not None else None
+    writer = RunWriter(store) if store is not None else None
     failures = 0
 
     async def one(group: TrajectoryGroup, scenario: Mapping[str, Any], generation: int) -> Trajectory:
@@ -226,7 +226,7 @@ async def agather_groups(
     return groups
 
 
-class _Writer:
+class RunWriter:
     """Stores finished runs as they come, off the event loop: runs that finish while a write is under way go in
     the next transaction together. One ``asyncio.to_thread`` write per run made each run wait its turn for a
     worker thread and the GIL (2.9 ms per run at 16 concurrent runs, against 0.16 ms for the write itself).
