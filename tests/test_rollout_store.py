@@ -155,8 +155,8 @@ def test_runs_are_stored_as_they_finish_and_a_cancelled_gather_keeps_them(
 
     slow_store.add_trajectories = slow_write  # type: ignore[method-assign]
     handed: list[str] = []  # the finished runs given to the store's writer
-    add = rollout_module._Writer.add
-    monkeypatch.setattr(rollout_module._Writer, "add", lambda self, t: (handed.append(t.id), add(self, t))[-1])
+    add = rollout_module.RunWriter.add
+    monkeypatch.setattr(rollout_module.RunWriter, "add", lambda self, t: (handed.append(t.id), add(self, t))[-1])
 
     async def cancelled() -> None:
         others = asyncio.Event()

@@ -326,11 +326,13 @@ def start_trainer(
 
 
 def build_trainer(**init: Any) -> Any:
-    """A ``GRPOTrainer`` on this rank's device (a follower builds the trainers rank 0 asks for)."""
-    from langgraph_art.train.ranks import rank_device
+    """A ``GRPOTrainer`` on this rank's device, a rank of the group this process joined (rank 0 and the followers
+    build the trainers of a group with it)."""
+    from langgraph_art.train.ranks import RankGroup, rank_device
     from langgraph_art.train.trainer import GRPOTrainer
 
-    return GRPOTrainer(**{**init, "device": rank_device(init.get("device"))})
+    # the group this process joined to train (init_ranks), or one rank
+    return GRPOTrainer(**{**init, "device": rank_device(init.get("device"))}, ranks=RankGroup.current())
 
 
 def follow_leader() -> None:

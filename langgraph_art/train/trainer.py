@@ -84,9 +84,10 @@ class GRPOTrainer:
         train on instead of loading a copy; used when its dtype is the one this config trains in. ``chat_template``:
         the template the serving engine renders with (turns without prompt ids and SFT examples are rendered with
         it); a shared model comes with the engine's tokenizer. ``ranks``: this process's place among data-parallel
-        training ranks (``train/ranks.py``; default: torch.distributed's group when initialised, else one rank)."""
+        training ranks that all get the same groups (``train/ranks.py``); None: one rank, even in a process group
+        (a script of yours under torchrun rolls out different groups on each rank: they must not be summed)."""
         self.config = config or GRPOConfig()
-        self.ranks = ranks or RankGroup.current()
+        self.ranks = ranks or RankGroup()
         self.checkpoint_dir = Path(checkpoint_dir)
         dtype = train_dtype(self.config, device)
         if shared is not None and (
