@@ -2,8 +2,12 @@
 condition is here."""
 
 import asyncio
+import contextlib
+import os
+import socket
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from langgraph_art.testing import (
     WEATHER_ANSWER,
@@ -58,3 +62,35 @@ async def async_wait_until(condition: Callable[[], object], what: str, seconds: 
             raise AssertionError(f"waited {seconds:.0f} s for {what}")
         await asyncio.sleep(0 if polls < 100 else 0.01)
         polls += 1
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now, on loopback."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextlib.contextmanager
+def serving(argv: list[str], port: int, what: str, seconds: float = 180) -> Iterator[str]:
+    """Run ``argv`` (a ``langgraph-art serve`` on ``port``, with OMP_NUM_THREADS=1) until it answers /health; yields
+    its ``http://127.0.0.1:port``, then terminates it. If it exits first, its output is the failure."""
+    import httpx
+
+    proc = subprocess.Popen(argv, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        try:
+            return httpx.get(f"{url}/health").status_code == 200
+        except httpx.TransportError:
+            return False
+
+    try:
+        wait_until(healthy, f"{what} to answer /health", seconds)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -28,7 +25,7 @@ from langgraph_art.train.process import ProcessTrainer  # noqa: E402
 from langgraph_art.train.ranks import RankGroup  # noqa: E402
 from langgraph_art.train.trainer import GRPOTrainer  # noqa: E402
 from langgraph_art.types import NodeSpan, Trajectory, TrajectoryGroup  # noqa: E402
-from tests.helpers import one_agent_graph, wait_until  # noqa: E402
+from tests.helpers import free_port, one_agent_graph, serving  # noqa: E402
 from tests.test_trainer import sampled_turn  # noqa: E402
 
 # several micro-batches a step (2 rows each), so the ranks really split the work
@@ -179,33 +176,14 @@ def test_local_backend_trains_over_two_ranks(tiny_path: Path, tmp_path: Path) ->
 def test_torchrun_starts_a_service_whose_ranks_train_together(tiny_path: Path, tmp_path: Path) -> None:
     """What a cluster runs: `torchrun --nproc_per_node 2 -m langgraph_art.cli serve`; rank 0 serves and leads, rank 1
     trains with it; clients see one service."""
-    ports = []
-    for _ in range(2):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            ports.append(probe.getsockname()[1])
+    ports = [free_port(), free_port()]
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(ports[0])]
     argv += ["-m", "langgraph_art.cli", "serve", "--model", str(tiny_path), "--port", str(ports[1])]
     argv += ["--home", str(tmp_path / "service")]
-    proc = subprocess.Popen(argv, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    url = f"http://127.0.0.1:{ports[1]}"
-
-    def healthy() -> bool:
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        try:
-            return httpx.get(f"{url}/health").status_code == 200
-        except httpx.TransportError:
-            return False
-
-    try:
-        wait_until(healthy, "rank 0 of `torchrun ... serve` to answer /health", 180)
+    with serving(argv, ports[1], "rank 0 of `torchrun ... serve`") as url:  # terminating torchrun stops both ranks
         backend = art.RemoteBackend(f"{url}/v1", home=tmp_path / "client")
         model = art.TrainableModel(name="dp", project="p").register(backend)
         history = train_two_steps(model)
         assert [m["train/updated"] for m in history] == [1.0, 1.0] and backend.current_step(model) == 2
         folder = checkpoint.step_dir(tmp_path / "service" / "p" / "checkpoints" / "dp", 2)
         assert checkpoint.load_state(folder)["world_size"] == 2
-    finally:
-        proc.terminate()  # torchrun stops both ranks
-        proc.wait(timeout=60)

@@ -4,9 +4,6 @@ waited for by its ``retry-after``."""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -31,7 +28,7 @@ from langgraph_art.serve.embedded import EmbeddedServer
 from langgraph_art.serve.routes.training import training_router
 from langgraph_art.train.policies import PolicyRegistry
 from langgraph_art.types import NodeSpan, Trajectory, TrajectoryGroup, Turn
-from tests.helpers import wait_until
+from tests.helpers import free_port, serving
 
 pytestmark = [pytest.mark.integration]
 HELLO = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "1"}]}]
@@ -160,25 +157,10 @@ def test_a_busy_service_is_waited_for_by_its_retry_after_then_raised(
 def test_a_langgraph_art_serve_process_answers_in_the_same_vocabulary(tiny_path: Path, tmp_path: Path) -> None:
     """The command a user runs, as its own process: an aborted step, a reshaped config and an unknown checkpoint
     raise in RemoteBackend what they raise locally (above)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     argv = [sys.executable, "-m", "langgraph_art.cli", "serve", "--model", str(tiny_path), "--port", str(port)]
     argv += ["--home", str(tmp_path / "service")]
-    proc = subprocess.Popen(
-        argv, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
-    url = f"http://127.0.0.1:{port}"
-
-    def healthy() -> bool:
-        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
-        try:
-            return httpx.get(f"{url}/health").status_code == 200
-        except httpx.TransportError:
-            return False
-
-    try:
-        wait_until(healthy, "`langgraph-art serve` to answer /health", 180)
+    with serving(argv, port, "`langgraph-art serve`") as url:
         backend = art.RemoteBackend(f"{url}/v1", home=tmp_path / "client", max_wait=0)
         model = art.TrainableModel(name="served", project="p").register(backend)
         with pytest.raises(TrainingAborted, match="non-finite"):
@@ -189,6 +171,3 @@ def test_a_langgraph_art_serve_process_answers_in_the_same_vocabulary(tiny_path:
         backend.trainer(model, art.GRPOConfig(lora_r=4))
         with pytest.raises(ConfigError, match="lora_r"):
             backend.train_step(model, [exploding_group()])
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)

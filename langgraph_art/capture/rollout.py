@@ -168,21 +168,12 @@ async def agather_groups(
     a graph with sync nodes, ``loop.set_default_executor(ThreadPoolExecutor(max_workers=max_concurrency))``. (The
     sync ``gather_groups`` and ``Trainer.train`` run on a loop that has 256.)
     """
-    if num_generations < 1:
-        raise ConfigError(f"num_generations must be at least 1, got {num_generations}")
-    if max_concurrency < 1:
-        raise ConfigError(f"max_concurrency must be at least 1, got {max_concurrency}")
     if on_failure not in ("keep", "raise"):
         raise ConfigError(f"on_failure must be 'keep' or 'raise', got {on_failure!r}")
-    check_scenarios(scenarios)
+    check_gather(scenarios, num_generations, max_concurrency)
     recorders = list(recorders)
     limit = asyncio.Semaphore(max_concurrency)
-    groups = [
-        TrajectoryGroup(
-            id=uuid.uuid4().hex, scenario_id=scenario_id(s), scenario=to_jsonable(s), metadata=dict(metadata or {})
-        )
-        for s in scenarios
-    ]
+    groups = new_groups(scenarios, metadata)
     bar = ProgressBar("rollouts", len(scenarios) * num_generations, progress, transient=True)
     writer = RunWriter(store) if store is not None else None
     failures = 0
@@ -206,8 +197,39 @@ async def agather_groups(
         finally:  # cancelled or not, the runs that finished are stored
             if writer is not None:
                 await asyncio.shield(writer.drain())
+    failed = await afill_groups(groups, results, store)
+    if failed and on_failure == "raise":
+        raise RolloutError(failed)
+    return groups
+
+
+def check_gather(scenarios: Sequence[Mapping[str, Any]], num_generations: int, max_concurrency: int) -> None:
+    """A batch of runs that can start, or a ConfigError that says what to change."""
+    if num_generations < 1:
+        raise ConfigError(f"num_generations must be at least 1, got {num_generations}")
+    if max_concurrency < 1:
+        raise ConfigError(f"max_concurrency must be at least 1, got {max_concurrency}")
+    check_scenarios(scenarios)
+
+
+def new_groups(scenarios: Sequence[Mapping[str, Any]], metadata: Mapping[str, Any] | None) -> list[TrajectoryGroup]:
+    """One empty group per scenario, in order, each with ``metadata``."""
+    return [
+        TrajectoryGroup(
+            id=uuid.uuid4().hex, scenario_id=scenario_id(s), scenario=to_jsonable(s), metadata=dict(metadata or {})
+        )
+        for s in scenarios
+    ]
+
+
+async def afill_groups(
+    groups: list[TrajectoryGroup], results: Sequence[Trajectory], store: TrajectoryStore | None
+) -> list[Trajectory]:
+    """Hand ``results`` (each group's runs in turn, already stored run by run) to ``groups``, store the groups, and
+    warn of the failed runs; returns those."""
+    per_group = len(results) // max(len(groups), 1)
     for index, group in enumerate(groups):
-        group.trajectories = list(results[index * num_generations : (index + 1) * num_generations])
+        group.trajectories = list(results[index * per_group : (index + 1) * per_group])
         group.metadata["failed"] = len(group.failed)
     if store is not None:  # each run was stored when it finished: only the groups are new
         for group in groups:
@@ -221,9 +243,7 @@ async def agather_groups(
             " in the store" if store else "",
             failed[0].error,
         )
-        if on_failure == "raise":
-            raise RolloutError(failed)
-    return groups
+    return failed
 
 
 class RunWriter:

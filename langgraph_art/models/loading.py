@@ -235,3 +235,17 @@ def trim_heap() -> None:
             _libc = False
     if _libc:
         _libc.malloc_trim(0)
+
+
+def set_gradient_checkpointing(model: Any, on: bool) -> None:
+    """Gradient (activation) checkpointing on or off for a transformers model, non-reentrant; nothing when it is so
+    already."""
+    if any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules()) == on:
+        return
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.20's name; the old one warns
+        model.activation_checkpointing_enable(kwargs) if on else model.activation_checkpointing_disable()
+    elif on:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_disable()

@@ -19,13 +19,13 @@ from typing import Any
 from langchain_core.runnables import Runnable
 
 from langgraph_art.capture.messages import to_jsonable
-from langgraph_art.capture.rollout import RunWriter, check_scenarios, scenario_id
+from langgraph_art.capture.rollout import RunWriter, afill_groups, check_gather, new_groups
 from langgraph_art.errors import ConfigError
 from langgraph_art.rollouts.pickling import dumps
 from langgraph_art.rollouts.protocol import RolloutBatch
 from langgraph_art.rollouts.worker import RolloutWorker
 from langgraph_art.store import TrajectoryStore
-from langgraph_art.types import Trajectory, TrajectoryGroup
+from langgraph_art.types import Trajectory
 
 log = logging.getLogger(__name__)
 INSTALL = "pip install 'langgraph-art[ray]'"
@@ -205,11 +205,7 @@ class RayRollouts:
     ) -> RolloutBatch:
         """``agather_groups`` on the workers: every scenario ``num_generations`` times, at most ``max_concurrency``
         runs at once in all, each run stored once when it arrives, then the groups (in scenario order)."""
-        if num_generations < 1:
-            raise ConfigError(f"num_generations must be at least 1, got {num_generations}")
-        if max_concurrency < 1:
-            raise ConfigError(f"max_concurrency must be at least 1, got {max_concurrency}")
-        check_scenarios(scenarios)
+        check_gather(scenarios, num_generations, max_concurrency)
         blob = None
         if graph is not self._graph:  # pickled before anything starts: a graph that does not pickle starts nothing
             try:
@@ -228,12 +224,7 @@ class RayRollouts:
         await self._load_all(step)
 
         metadata = dict(metadata or {})
-        groups = [
-            TrajectoryGroup(
-                id=uuid.uuid4().hex, scenario_id=scenario_id(s), scenario=to_jsonable(s), metadata=dict(metadata)
-            )
-            for s in scenarios
-        ]
+        groups = new_groups(scenarios, metadata)
         writer = RunWriter(store) if store is not None else None
 
         async def one(index: int, generation: int) -> Trajectory:
@@ -252,18 +243,7 @@ class RayRollouts:
             if writer is not None:
                 await asyncio.shield(writer.drain())
             self._report(step)
-        for index, group in enumerate(groups):
-            group.trajectories = list(results[index * num_generations : (index + 1) * num_generations])
-            group.metadata["failed"] = len(group.failed)
-        if store is not None:  # each run was stored when it arrived: only the groups are new
-            for group in groups:
-                await asyncio.to_thread(store.add_group, group, trajectories=False)
-        failed = [t for g in groups for t in g.failed]
-        if failed:
-            log.warning(
-                "%d of %d runs failed (kept%s, excluded from training); first error: %s",
-                len(failed), len(results), " in the store" if store else "", failed[0].error,
-            )  # fmt: skip
+        await afill_groups(groups, results, store)
         metrics = {"rollouts/retried": float(len(step.retried)), "rollouts/workers_lost": float(len(step.lost))}
         return RolloutBatch(groups, metrics)
 

@@ -6,6 +6,7 @@ vLLM's LoRA loader), the optimizer state and the trainer state. The last ``keep`
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -15,6 +16,7 @@ from typing import Any
 
 _STEP = re.compile(r"^step-(\d{6,})$")
 PIN = "PINNED"
+log = logging.getLogger(__name__)
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -77,3 +79,32 @@ def prune(root: Path, keep: int) -> list[int]:
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(step)
     return removed
+
+
+def load_latest(root: Path, params: dict[str, Any], optimizer: Any, config: Any) -> int | None:
+    """Load the latest checkpoint under ``root`` into a trainer's LoRA ``params`` (by peft's tensor names) and its
+    ``optimizer``; its step, or None when there is none. ConfigError when it holds a LoRA on other layers."""
+    step = latest_step(root)
+    if step is None:
+        return None
+    import torch
+    from safetensors.torch import load_file
+
+    from langgraph_art.errors import ConfigError
+
+    folder = step_dir(root, step)
+    saved = load_file(folder / "adapter_model.safetensors")
+    if set(saved) != set(params):
+        raise ConfigError(
+            f"{folder} holds a LoRA on other layers than target_modules={config.target_modules!r} "
+            "selects; train under another name, or use the target_modules it was trained with"
+        )
+    with torch.no_grad():
+        for key, param in params.items():
+            param.copy_(saved[key])
+    optimizer_state = folder / "optimizer.pt"
+    if optimizer_state.exists():
+        device = next(iter(params.values())).device
+        optimizer.load_state_dict(torch.load(optimizer_state, map_location=device))
+    log.info("resumed from checkpoint %s", folder)
+    return step

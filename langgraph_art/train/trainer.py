@@ -33,6 +33,7 @@ from langgraph_art.models.loading import (
     load_causal_lm,
     pick_device,
     return_large_buffers,
+    set_gradient_checkpointing,
     trim_heap,
     weight_bytes,
 )
@@ -172,20 +173,6 @@ class GRPOTrainer:
         if self.config.gradient_checkpointing is not None:
             return self.config.gradient_checkpointing
         return self._checkpoint_by_default
-
-    def _set_checkpointing(self, on: bool) -> None:
-        """Gradient checkpointing on the model as this trainer's config says (set at each turn: on shared weights
-        another policy's trainer may have set it otherwise)."""
-        base: Any = self.model
-        if any(getattr(m, "gradient_checkpointing", False) is True for m in base.modules()) == on:
-            return
-        kwargs = {"use_reentrant": False}
-        if hasattr(base, "activation_checkpointing_enable"):  # transformers >= 5.20's name; the old one warns
-            base.activation_checkpointing_enable(kwargs) if on else base.activation_checkpointing_disable()
-        elif on:
-            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-        else:
-            base.gradient_checkpointing_disable()
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         """The LoRA parameters (listed once: walking the module tree every step costs milliseconds)."""
@@ -363,7 +350,7 @@ class GRPOTrainer:
     def _training(self) -> Iterator[None]:
         """The model in training mode with this trainer's adapter active, and back in eval mode after (on shared
         weights the engine runs next)."""
-        self._set_checkpointing(self._checkpointing())
+        set_gradient_checkpointing(self.model, self._checkpointing())  # each turn: shared weights may differ
         self.model.train()
         try:
             with self.adapter():
@@ -457,24 +444,7 @@ class GRPOTrainer:
             keep=self.config.save_total_limit,
         )
 
-    @torch.no_grad()
     def _resume(self) -> None:
-        step = checkpoint.latest_step(self.checkpoint_dir)
-        if step is None:
-            return
-        from safetensors.torch import load_file
-
-        folder = checkpoint.step_dir(self.checkpoint_dir, step)
-        saved = load_file(folder / "adapter_model.safetensors")
-        if set(saved) != set(self._named_params):
-            raise ConfigError(
-                f"{folder} holds a LoRA on other layers than target_modules={self.config.target_modules!r} "
-                "selects; train under another name, or use the target_modules it was trained with"
-            )
-        for key, param in self._named_params.items():
-            param.copy_(saved[key])
-        optimizer_state = folder / "optimizer.pt"
-        if optimizer_state.exists():
-            self.optimizer.load_state_dict(torch.load(optimizer_state, map_location=self.device))
-        self.step_count = step
-        log.info("resumed from checkpoint %s", folder)
+        step = checkpoint.load_latest(self.checkpoint_dir, self._named_params, self.optimizer, self.config)
+        if step is not None:
+            self.step_count = step
