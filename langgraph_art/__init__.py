@@ -37,6 +37,7 @@ _LAZY = {
     "TrajectoryCallbackHandler": "langgraph_art.capture.callbacks",
     "rollout": "langgraph_art.capture.rollout",
     "arollout": "langgraph_art.capture.rollout",
+    "Branching": "langgraph_art.capture.branching",
     "gather_groups": "langgraph_art.capture.rollout",
     "agather_groups": "langgraph_art.capture.rollout",
     # rewards
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
     from langgraph_art.backends.base import Backend
     from langgraph_art.backends.local import LocalBackend
     from langgraph_art.backends.remote import RemoteBackend
+    from langgraph_art.capture.branching import Branching
     from langgraph_art.capture.callbacks import TrajectoryCallbackHandler
     from langgraph_art.capture.chat_model import ChatART
     from langgraph_art.capture.rollout import agather_groups, arollout, gather_groups, rollout
@@ -98,6 +100,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Backend",
+    "Branching",
     "ChatART",
     "ConfigError",
     "GRPOConfig",

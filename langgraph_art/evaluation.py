@@ -43,12 +43,13 @@ async def aevaluate(
     store: Any = None,
     recorders: Sequence[Any] = (),
     metadata: Mapping[str, Any] | None = None,
+    resume: Any = None,
 ) -> Evaluation:
     """Run each scenario ``num_generations`` times, score with ``rewards``, store (when given) as ``split="eval"``.
 
     The mean is over the runs' weighted reward totals, as the training steps' ``reward/mean``; failed runs count in
     ``eval/runs/failed``, not in the mean. A group-relative judge (``RulerJudge``) needs ``num_generations >= 2``
-    to compare runs."""
+    to compare runs. ``resume``: resumes runs that stop at ``interrupt()`` (``arollout``)."""
     started = time.perf_counter()
     groups = await agather_groups(
         graph,
@@ -59,6 +60,7 @@ async def aevaluate(
         store=store,
         progress=False,
         metadata={**(metadata or {}), "split": EVAL},
+        resume=resume,
     )
     report = await ascore_groups(groups, rewards)
     if store is not None:  # with their rewards now

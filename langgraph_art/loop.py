@@ -23,15 +23,17 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import random
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from langchain_core.runnables import Runnable
 
 from langgraph_art.backends.base import Backend
+from langgraph_art.capture.branching import Branching, abranch_groups, adelete_threads, afork_points, with_checkpointer
 from langgraph_art.capture.rollout import agather_groups, check_scenarios
 from langgraph_art.config import GRPOConfig
 from langgraph_art.errors import ConfigError, TrainingAborted
@@ -80,6 +82,8 @@ class Trainer:
         wandb: Any = None,
         sinks: Sequence[Any] = (),
         rollouts: Rollouts | None = None,
+        branching: Branching | None = None,
+        resume: Callable[[Any, Any], Any] | None = None,
     ) -> None:
         """``num_generations``: runs per scenario (``GRPOConfig.num_generations``, default 8), given here or in
         ``config``, not both with different values.
@@ -98,7 +102,15 @@ class Trainer:
         dict of ``wandb.init`` arguments. ``sinks``: your own ``langgraph_art.Sink`` objects.
 
         ``rollouts``: where each step's runs happen; None runs them on this process's event loop,
-        ``art.RayRollouts(num_workers=4)`` on Ray actors (``rollouts.py``; evaluation stays here)."""
+        ``art.RayRollouts(num_workers=4)`` on Ray actors (``rollouts.py``; evaluation stays here).
+
+        ``branching``: ``art.Branching(groups_per_step=4)`` adds groups of continuations resumed from checkpoints
+        inside each step's runs (``capture/branching.py``; docs/guides/branching.md). A graph without a
+        checkpointer is run as a copy with one (the graph you pass is not changed).
+
+        ``resume``: for graphs that call ``interrupt()``: ``resume(interrupts, state)`` gives the value each
+        interrupted run (and continuation) is resumed with, ``Command(resume=value)``; None: such a run ends
+        ``interrupted`` and is scored as it stands."""
         if (
             isinstance(max_steps_off_policy, bool)
             or not isinstance(max_steps_off_policy, int)
@@ -115,6 +127,12 @@ class Trainer:
                 f"rollouts must be None (runs on this event loop) or an object with an async agather(...), such as "
                 f"art.RayRollouts(num_workers=2); got {type(rollouts).__name__}"
             )
+        if branching is not None and not isinstance(branching, Branching):
+            raise ConfigError(f"branching must be art.Branching(...) or None, got {type(branching).__name__}")
+        if rollouts is not None and (branching is not None or resume is not None):
+            raise ConfigError("branching and resume run in this process: leave rollouts=None to use them")
+        if resume is not None and not callable(resume):
+            raise ConfigError(f"resume must be a function (interrupts, state) -> value, got {type(resume).__name__}")
         if not isinstance(model.backend, Backend):
             raise ConfigError(
                 f"{type(model.backend).__name__} cannot train: register the model with art.LocalBackend() or "
@@ -125,6 +143,11 @@ class Trainer:
         self.scenarios_per_step, self.max_concurrency = scenarios_per_step, max_concurrency
         self.max_steps_off_policy = max_steps_off_policy
         self.rollouts = rollouts
+        self.branching, self.resume = branching, resume
+        self.run_graph, self._own_checkpointer = graph, False  # the graph the training runs use
+        if branching is not None:
+            self.run_graph, self._own_checkpointer = with_checkpointer(graph, branching.checkpointer)
+        self._branch_rng = random.Random(branching.seed if branching else None)
         self.backend: Backend = model.backend
         self.store = self.backend.store(model)
         self.run_id = uuid.uuid4().hex[:12]
@@ -221,6 +244,7 @@ class Trainer:
             store=self.store,
             recorders=[self.model.recorder],
             metadata={"policy_step": policy_step, "training_run": self.run_id},
+            resume=self.resume,
         )
         record = {"split": "eval", "iteration": iteration, "step": policy_step, "policy_step": policy_step,
                   **result.metrics}  # fmt: skip
@@ -281,7 +305,7 @@ class Trainer:
         metrics: Mapping[str, float] = {}
         if self.rollouts is None:
             groups = await agather_groups(
-                self.graph,
+                self.run_graph,
                 scenarios,
                 self.config.num_generations,
                 max_concurrency=self.max_concurrency,
@@ -289,7 +313,12 @@ class Trainer:
                 store=self.store,
                 progress=False,
                 metadata=metadata,
+                resume=self.resume,
             )
+            if self.branching is not None:
+                branch_started = time.perf_counter()
+                groups += await self._branch(groups, metadata)
+                metrics = {"branch/time_s": time.perf_counter() - branch_started}
         else:
             groups, metrics = await self.rollouts.agather(
                 self.graph,
@@ -300,6 +329,28 @@ class Trainer:
                 store=self.store,
             )
         return _Rollout(groups, policy_step, started, wall, time.perf_counter() - started, metrics)
+
+    async def _branch(self, groups: list[Any], metadata: Mapping[str, Any]) -> list[Any]:
+        """The step's branch groups: fork points drawn in ``groups``' finished runs, continuations from each."""
+        assert self.branching is not None
+        runs = [t for g in groups for t in g.completed()]
+        try:
+            points = await afork_points(self.run_graph, runs, self.branching, self._branch_rng)
+            return await abranch_groups(
+                self.run_graph,
+                points,
+                {g.scenario_id: g.scenario for g in groups},
+                self.branching.num_generations or self.config.num_generations,
+                max_concurrency=self.max_concurrency,
+                metadata=metadata,
+                recorders=[self.model.recorder],
+                store=self.store,
+                resume=self.resume,
+            )
+        finally:
+            delete = self.branching.delete_threads
+            if delete or (delete is None and self._own_checkpointer):
+                await adelete_threads(self.run_graph, [t for g in groups for t in g.trajectories])
 
     async def _learn_after(self, previous: asyncio.Task[Any] | None, rollout: _Rollout) -> dict[str, float]:
         """``_learn`` once the step before has learned; if that one failed, this step's groups are stored unscored
@@ -315,11 +366,15 @@ class Trainer:
     async def _learn(self, rollout: _Rollout) -> dict[str, float]:
         """Rewards, one update, checkpoint, metrics (the step's time counts from its rollout's start)."""
         groups, policy_step = rollout.groups, rollout.policy_step
+        whole = [g for g in groups if "branch" not in g.metadata]
+        branches = [g for g in groups if "branch" in g.metadata]
+        trained = branches if self.branching and not self.branching.train_whole_runs else groups
         learn_started = time.perf_counter()
-        report = await ascore_groups(groups, self.rewards)
+        report = await ascore_groups(whole, self.rewards)
+        branch_report = await ascore_groups(branches, self.rewards) if branches else None
         trained_on = await asyncio.to_thread(self.backend.current_step, self.model)
         try:
-            result = await asyncio.to_thread(self.backend.train_step, self.model, groups, self.config)
+            result = await asyncio.to_thread(self.backend.train_step, self.model, trained, self.config)
             for t in (t for g in groups for t in g.trajectories if t.id in result.advantages):
                 t.metadata["advantage"] = result.advantages[t.id]  # what the trainer used, computed once there
         finally:  # rewards (and advantages) are part of the record, kept even when the step fails
@@ -333,6 +388,8 @@ class Trainer:
             **reward_metrics(
                 report, groups
             ),  # reward/mean (of the runs' weighted totals), reward/std, runs/failed, ...
+            "rollout/sampled_tokens": sampled_tokens(groups),
+            **(branch_metrics(branch_report, branches) if self.branching else {}),
             "time/rollout_s": rollout.seconds,
             "time/learn_s": time.perf_counter() - learn_started,
             "time/step_s": time.perf_counter() - rollout.started,
@@ -364,6 +421,24 @@ class Trainer:
         matplotlib."""
         target = Path(path) if path else self.run_dir / "reward_curve.png"
         return plot_rewards(self.history, target, f"{self.model.name} ({self.model.project})", evals=self.evals)
+
+
+def sampled_tokens(groups: Sequence[Any]) -> float:
+    """Tokens the runs of ``groups`` sampled (every run: failed and untrained ones cost their tokens too)."""
+    return float(sum(len(turn.token_ids) for g in groups for t in g.trajectories for turn in t.turns()))
+
+
+def branch_metrics(report: Any, groups: Sequence[Any]) -> dict[str, float]:
+    """A step's ``branch/*`` metrics: how many groups and continuations, where they forked, what they scored."""
+    runs = [t for g in groups for t in g.completed()]
+    depths = [g.metadata["branch"]["depth"] for g in groups]
+    return {
+        "branch/groups": float(len(groups)),
+        "branch/runs": float(sum(len(g.trajectories) for g in groups)),
+        "branch/depth_mean": sum(depths) / len(depths) if depths else float("nan"),
+        "branch/reward/mean": report.metrics.get("reward/total", float("nan")) if report and runs else float("nan"),
+        "branch/sampled_tokens": sampled_tokens(groups),
+    }
 
 
 def _check_eval(scenarios: Any, every: Any, generations: Any, rewards: Any) -> None:

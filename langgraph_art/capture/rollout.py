@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import json
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from langchain_core.callbacks import BaseCallbackManager
@@ -56,9 +57,10 @@ def _finish(
     error: BaseException | None,
     started: float,
 ) -> Trajectory:
-    found = [t for t in handler.take() if t.metadata.get("langgraph_art_run") == run_key]
+    found = sorted((t for t in handler.take() if t.metadata.get("langgraph_art_run") == run_key),
+                   key=lambda t: t.start_time)  # fmt: skip
     if found:
-        trajectory = found[0]
+        trajectory = _merge(found)
     else:  # the graph failed before any callback fired (e.g. bad input): still leave a record
         trajectory = Trajectory(
             id=uuid.uuid4().hex,
@@ -73,6 +75,87 @@ def _finish(
         trajectory.error = f"{type(error).__name__}: {error}"
     trajectory.final_state = state
     return trajectory
+
+
+def _merge(parts: list[Trajectory]) -> Trajectory:
+    """One trajectory of a run resumed after interrupts (one root run per ``invoke``): the first's id and input,
+    every part's spans, turns and tool calls in order, the last part's output and status (failed if any failed)."""
+    first, last = parts[0], parts[-1]
+    if len(parts) == 1:
+        return first
+    failed = next((p for p in parts if p.status == "failed"), None)
+    return first.model_copy(update={
+        "spans": [s for p in parts for s in p.spans],
+        "root_turns": [t for p in parts for t in p.root_turns],
+        "root_tool_calls": [c for p in parts for c in p.root_tool_calls],
+        "output": last.output,
+        "status": failed.status if failed else last.status,
+        "error": failed.error if failed else last.error,
+        "end_time": last.end_time,
+        "metadata": {**first.metadata, "resumes": len(parts) - 1},
+    })  # fmt: skip
+
+
+MAX_RESUMES = 100
+
+
+def _interrupts(state: Any) -> Any:
+    """The interrupts a finished ``invoke`` stopped at (its output's ``__interrupt__``), or None."""
+    return state.get("__interrupt__") if isinstance(state, Mapping) else None
+
+
+def _run_config(config: RunnableConfig | None, handler: TrajectoryCallbackHandler, meta: dict[str, Any]) -> Any:
+    """The run's config: the handler and metadata added, and a thread of its own (``art-<run key>``) unless the
+    config names one. A graph with a checkpointer needs a thread; one without ignores it. The thread is recorded in
+    the run's metadata (its checkpoints are where branching forks)."""
+    configurable = dict((config or {}).get("configurable") or {})
+    configurable.setdefault("thread_id", f"art-{meta['langgraph_art_run']}")
+    meta["thread_id"] = str(configurable["thread_id"])
+    return _config({**(config or {}), "configurable": configurable}, handler, meta)
+
+
+async def _alatest(graph: Runnable, config: Mapping[str, Any], run_key: str) -> Any:
+    """The config of this run's latest checkpoint on its thread (runs forked on one thread are told apart by
+    the run key that LangGraph copies from the run's metadata into each checkpoint's)."""
+    from langgraph_art.capture.branching import find_pregel
+
+    pregel = find_pregel(graph)
+    if pregel is None or not pregel.checkpointer:
+        raise ConfigError("resume=... needs a compiled LangGraph graph with a checkpointer (interrupt() needs one "
+                          "too): graph.compile(checkpointer=InMemorySaver())")  # fmt: skip
+    thread = {"configurable": {"thread_id": config["configurable"]["thread_id"]}}
+    latest = None
+    try:
+        async for item in pregel.checkpointer.alist(thread, filter={"langgraph_art_run": run_key}, limit=1):
+            latest = item
+    except NotImplementedError:  # a sync-only checkpointer
+        found = await asyncio.to_thread(
+            lambda: list(pregel.checkpointer.list(thread, filter={"langgraph_art_run": run_key}, limit=1))
+        )
+        latest = found[0] if found else None
+    if latest is None:
+        raise ConfigError(f"no checkpoint of run {run_key} on thread {thread['configurable']['thread_id']}")
+    return {**config, "configurable": {**config["configurable"], **latest.config["configurable"]}}
+
+
+async def _aresumed(graph: Runnable, state: Any, config: Any, run_key: str, resume: Callable[[Any, Any], Any]) -> Any:
+    """Resume an interrupted run with ``Command(resume=resume(interrupts, state))`` until it no longer stops at
+    an interrupt (each resume is another root run of the same run key; ``_merge`` joins them)."""
+    from langgraph.types import Command
+
+    for _ in range(MAX_RESUMES):
+        interrupts = _interrupts(state)
+        if not interrupts:
+            return state
+        value = resume(interrupts, state)
+        if inspect.isawaitable(value):
+            value = await value
+        state = await graph.ainvoke(Command(resume=value), await _alatest(graph, config, run_key))
+    if _interrupts(state):
+        raise RuntimeError(
+            f"the run still stopped at an interrupt after {MAX_RESUMES} resumes; make resume(...) end it"
+        )
+    return state
 
 
 def _metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -94,9 +177,10 @@ def rollout(
     """
     handler = TrajectoryCallbackHandler(recorders=recorders)
     meta = _metadata(metadata)
+    run_config = _run_config(config, handler, meta)
     started, state, error = time.time(), None, None
     try:
-        state = graph.invoke(input, _config(config, handler, meta))
+        state = graph.invoke(input, run_config)
     except Exception as exc:  # noqa: BLE001 - the failure is the trajectory's record, not lost
         error = exc
     trajectory = _finish(handler, meta["langgraph_art_run"], meta, state, error, started)
@@ -113,13 +197,22 @@ async def arollout(
     metadata: Mapping[str, Any] | None = None,
     recorders: Iterable[TurnRecorder] = (),
     store: TrajectoryStore | None = None,
+    resume: Callable[[Any, Any], Any] | None = None,
 ) -> Trajectory:
-    """Async ``rollout`` (``graph.ainvoke``)."""
+    """Async ``rollout`` (``graph.ainvoke``).
+
+    ``resume``: for graphs that call ``interrupt()``: a run that stops at interrupts is resumed, as LangGraph
+    resumes it, with ``Command(resume=resume(interrupts, state))`` (``interrupts``: the output's
+    ``__interrupt__`` list; sync or async) until it ends; one trajectory holds every part. None: the run ends
+    ``interrupted``."""
     handler = TrajectoryCallbackHandler(recorders=recorders)
     meta = _metadata(metadata)
+    run_config = _run_config(config, handler, meta)
     started, state, error = time.time(), None, None
     try:
-        state = await graph.ainvoke(input, _config(config, handler, meta))
+        state = await graph.ainvoke(input, run_config)
+        if resume is not None:
+            state = await _aresumed(graph, state, run_config, meta["langgraph_art_run"], resume)
     except Exception as exc:  # noqa: BLE001 - the failure is the trajectory's record, not lost
         error = exc
     trajectory = _finish(handler, meta["langgraph_art_run"], meta, state, error, started)
@@ -157,6 +250,7 @@ async def agather_groups(
     store: TrajectoryStore | None = None,
     on_failure: Literal["keep", "raise"] = "keep",
     progress: bool = True,
+    resume: Callable[[Any, Any], Any] | None = None,
 ) -> list[TrajectoryGroup]:
     """Run every scenario ``num_generations`` times (at most ``max_concurrency`` runs at once), one group each.
 
@@ -167,6 +261,9 @@ async def agather_groups(
     your own loop that is asyncio's (``cpu_count + 4`` threads) unless you set one: for ``max_concurrency`` runs of
     a graph with sync nodes, ``loop.set_default_executor(ThreadPoolExecutor(max_workers=max_concurrency))``. (The
     sync ``gather_groups`` and ``Trainer.train`` run on a loop that has 256.)
+
+    Each run has a thread of its own (``art-<run key>``, in its metadata as ``thread_id``) unless ``config`` names
+    one, so a graph compiled with a checkpointer runs too; ``resume``: see ``arollout``.
     """
     if on_failure not in ("keep", "raise"):
         raise ConfigError(f"on_failure must be 'keep' or 'raise', got {on_failure!r}")
@@ -181,7 +278,8 @@ async def agather_groups(
     async def one(group: TrajectoryGroup, scenario: Mapping[str, Any], generation: int) -> Trajectory:
         meta = {**(metadata or {}), "scenario_id": group.scenario_id, "group_id": group.id, "generation": generation}
         async with limit:
-            trajectory = await arollout(graph, scenario["input"], config, metadata=meta, recorders=recorders)
+            trajectory = await arollout(graph, scenario["input"], config, metadata=meta, recorders=recorders,
+                                        resume=resume)  # fmt: skip
         if writer is not None:
             writer.add(trajectory)
         nonlocal failures

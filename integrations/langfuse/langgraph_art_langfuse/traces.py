@@ -88,6 +88,9 @@ class SpanBuilder:
             tid = trace_id(t.id)
             end = t.end_time or t.start_time
             tags = [f"{k}:{t.metadata[m]}" for k, m in _TAGS if t.metadata.get(m) is not None]
+            fork = t.metadata.get("branch")
+            if isinstance(fork, Mapping):  # a continuation: linked to the run it forked from
+                tags += ["branch", f"fork:{fork.get('node')}@{fork.get('depth')}"]
             session = session_id or t.metadata.get("training_run")
             root_attrs = {
                 self.attr.TRACE_NAME: t.name or "rollout",
@@ -255,7 +258,14 @@ def _prompt(turn: Turn) -> Any:
 
 
 def _root_metadata(t: Trajectory) -> dict[str, Any]:
+    """The trace's metadata: the run's scalar metadata; a continuation's fork point (``branch_*``) with the trace id
+    of the run it forked from (``branch_parent_trace_id``: the link to open in Langfuse)."""
     meta = {k: v for k, v in t.metadata.items() if isinstance(v, str | int | float | bool)}
+    fork = t.metadata.get("branch")
+    if isinstance(fork, Mapping):
+        meta.update({f"branch_{k}": v for k, v in fork.items() if isinstance(v, str | int | float | bool)})
+        if fork.get("parent_run"):
+            meta["branch_parent_trace_id"] = trace_id(str(fork["parent_run"]))
     return {"trajectory_id": t.id, "status": t.status, **meta}
 
 

@@ -443,3 +443,39 @@ def test_evaluations_are_traces_tagged_split_eval_and_their_metrics_scores(recei
     assert names.count("train step 1") == 1 and names.count("train step 2") == 1
     evals = sorted(s["value"] for s in receiver.scores().values() if s["name"] == "eval/reward/mean")
     assert evals == pytest.approx(sorted(e["eval/reward/mean"] for e in trainer.evals))
+
+
+def test_a_continuation_is_a_trace_linked_to_the_run_it_forked_from(receiver, server, tmp_path: Path) -> None:
+    import asyncio
+    import random
+
+    from langgraph_art.capture.branching import Branching, abranch_groups, afork_points, with_checkpointer
+
+    llm = art.ChatART(base_url=server.base_url, model="weather@1", temperature=0, max_tokens=48, max_retries=0)
+    graph, _ = with_checkpointer(tool_loop_graph(llm))
+    store = art.TrajectoryStore(tmp_path / "store.sqlite")
+    scenario = {"id": "s0", "input": {"messages": [("user", WEATHER_PROMPTS[0])]}}
+    metadata = {"policy_step": 1, "training_run": "run-1"}
+
+    async def branch() -> tuple[art.TrajectoryGroup, art.TrajectoryGroup]:
+        (whole,) = await art.agather_groups(graph, [scenario], 1, store=store, progress=False, metadata=metadata)
+        points = await afork_points(graph, whole.trajectories, Branching(groups_per_step=1), random.Random(0))
+        (forked,) = await abranch_groups(graph, points, {"s0": scenario}, 2, store=store, metadata=metadata)
+        return whole, forked
+
+    whole, forked = asyncio.run(branch())
+    assert exporter_for(receiver, store).export().ok
+    traces = receiver.traces()
+    (parent,) = whole.trajectories
+    for run in forked.trajectories:
+        (root,) = [s for s in traces[trace_id(run.id)] if s["parent_id"] is None]
+        assert {"branch", "fork:agent@1", "scenario:s0"} <= set(root["attributes"]["langfuse.trace.tags"])
+        assert meta(root, "branch_parent_trace_id") == trace_id(parent.id) and trace_id(parent.id) in traces
+        assert meta(root, "branch_parent_run") == parent.id and meta(root, "branch_depth") == 1
+        assert meta(root, "branch_checkpoint_id") == run.metadata["branch"]["checkpoint_id"]
+    # and the export keeps the fork point with each continuation
+    exported = tmp_path / "runs.jsonl"
+    store.export_jsonl(exported)
+    rows = [json.loads(line) for line in exported.read_text().splitlines()]
+    forks = [r["metadata"]["branch"] for r in rows if "branch" in r["metadata"]]
+    assert len(forks) == 2 and all(f["parent_run"] == parent.id and f["node"] == "agent" for f in forks)
