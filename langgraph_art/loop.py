@@ -33,7 +33,14 @@ from typing import Any, NamedTuple
 from langchain_core.runnables import Runnable
 
 from langgraph_art.backends.base import Backend
-from langgraph_art.capture.branching import Branching, abranch_groups, adelete_threads, afork_points, with_checkpointer
+from langgraph_art.capture.branching import (
+    Branching,
+    abranch_groups,
+    adelete_threads,
+    afork_points,
+    find_pregel,
+    with_checkpointer,
+)
 from langgraph_art.capture.rollout import agather_groups, check_scenarios
 from langgraph_art.config import GRPOConfig
 from langgraph_art.errors import ConfigError, TrainingAborted
@@ -148,6 +155,12 @@ class Trainer:
         if branching is not None:
             self.run_graph, self._own_checkpointer = with_checkpointer(graph, branching.checkpointer)
         self._branch_rng = random.Random(branching.seed if branching else None)
+        pregel = find_pregel(self.run_graph)
+        if resume is not None and (pregel is None or pregel.checkpointer in (None, False)):
+            raise ConfigError(
+                "resume=... resumes runs from their checkpoints: compile the graph with a checkpointer "
+                "(graph.compile(checkpointer=InMemorySaver()); interrupt() needs one too) or pass branching=..."
+            )
         self.backend: Backend = model.backend
         self.store = self.backend.store(model)
         self.run_id = uuid.uuid4().hex[:12]

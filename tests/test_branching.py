@@ -157,7 +157,7 @@ def test_branch_groups_alone_and_a_prebuilt_agent(server: Any, tmp_path: Path) -
     fork = branch.metadata["branch"]
     assert fork["node"] == "model" and fork["depth"] == 1
     for run in branch.trajectories:
-        assert run.status == "ok" and [s.name for s in run.spans][0] == "model"
+        assert run.status == "ok" and run.spans[0].name == "model"
         assert run.trainable_turns()[0].messages[-1]["role"] == "tool"
     assert metrics["branch/groups"] == 1 and metrics["reward/mean"] > 0  # the whole runs were still scored
     assert len(trainer.store.groups()) == 2
@@ -233,6 +233,8 @@ def test_interrupted_runs_and_their_continuations_resume(llm: art.ChatART, tmp_p
 
     with pytest.raises(art.ConfigError, match="rollouts=None"):
         art.Trainer(compiled, trained, rewards=[answer_length], resume=resume, rollouts=art.RayRollouts(1))
+    with pytest.raises(art.ConfigError, match="compile the graph with a checkpointer"):
+        art.Trainer(graph.compile(), trained, rewards=[answer_length], resume=resume)
 
 
 # -- fork points without a model: a counting graph whose spans get stand-in decisions ------------------------------
@@ -307,6 +309,43 @@ def test_a_continuation_is_the_graph_resumed_from_the_fork_point() -> None:
     assert [s.name for s in continuation.spans] == ["think", "judge", "think"]
     assert continuation.final_state["messages"][:7] == point.state["messages"]
     assert continuation.metadata["thread_id"] == run.metadata["thread_id"]
+
+
+class Environment:
+    """A live object in the state, as BFCL's multi-turn environments are (msgpack cannot hold it)."""
+
+    def __init__(self) -> None:
+        self.files = ["a.txt"]
+
+
+class EnvState(MessagesState):
+    env: Environment
+
+
+def test_the_supplied_checkpointer_holds_plain_python_objects() -> None:
+    async def think(state: EnvState) -> dict[str, Any]:
+        state["env"].files.append(f"{len(state['messages'])}.txt")
+        return {"messages": [AIMessage("move")], "env": state["env"]}
+
+    def judge(state: EnvState) -> dict[str, Any]:
+        return {"messages": [HumanMessage("next")]}
+
+    builder = StateGraph(EnvState)
+    builder.add_node("think", think)
+    builder.add_node("judge", judge)
+    builder.add_edge(START, "think")
+    builder.add_conditional_edges("think", lambda s: "__end__" if len(s["messages"]) >= 4 else "judge")
+    builder.add_edge("judge", "think")
+    graph, own = with_checkpointer(builder.compile())
+    assert own
+    run = asyncio.run(art.arollout(graph, {"messages": [("user", "go")], "env": Environment()}))
+    assert run.status == "ok", run.error
+    (point,) = asyncio.run(acandidates(graph, with_decisions(run), Branching()))
+    assert run.final_state["env"].files == ["a.txt", "1.txt", "3.txt"]  # changed in place by the run
+    assert point.state["env"].files == ["a.txt", "1.txt"]  # the object as it was at the fork, not as it ended
+    continuation = asyncio.run(art.arollout(graph, None, point.config()))
+    assert continuation.final_state["env"].files == ["a.txt", "1.txt", "3.txt"]
+    assert continuation.final_state["env"] is not run.final_state["env"]
 
 
 def test_bad_branching_settings_say_what_to_change(llm: art.ChatART) -> None:

@@ -7,7 +7,8 @@ advantage measures the decision made there (and the ones after it) alone.
 
 - ``Branching``: the settings (how many branch groups a step, at which nodes, every k-th decision or a rule).
 - ``with_checkpointer``: the graph with a checkpointer, a copy with an ``InMemorySaver`` when it has none
-  (``Pregel.copy``: nothing is recompiled; a ``with_config`` wrapper is kept).
+  (``Pregel.copy``: nothing is recompiled; a ``with_config`` wrapper is kept). Its serializer falls back to pickle,
+  so a state holding plain Python objects (an environment) can be checkpointed.
 - ``afork_points``: the states inside finished runs where a node that called the model is next, from the run's
   checkpoint history (``aget_state_history``), chosen by the settings.
 - ``abranch_groups``: one group per fork point, its continuations captured like any run. A continuation captures
@@ -138,10 +139,11 @@ def with_checkpointer(graph: Runnable, checkpointer: Any = None) -> tuple[Runnab
             raise ConfigError("branching cannot resume a subgraph compiled with checkpointer=True on its own; "
                               "branch the parent graph")  # fmt: skip
         return graph, False
-    if checkpointer is None:
+    if checkpointer is None:  # pickle for what msgpack cannot hold (a live environment object in the state)
         from langgraph.checkpoint.memory import InMemorySaver
+        from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
-        checkpointer = InMemorySaver()
+        checkpointer = InMemorySaver(serde=JsonPlusSerializer(pickle_fallback=True))
     copy = pregel.copy(update={"checkpointer": checkpointer})
     return _rewrap(graph, copy), True
 
