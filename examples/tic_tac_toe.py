@@ -8,6 +8,8 @@ wins only, so its curve is the win rate.
 
 Offline, tiny model (a short SFT warm-up on sensible moves teaches the shape of a call; RL does the rest):
     OMP_NUM_THREADS=1 python examples/tic_tac_toe.py --steps 30
+Credit per move (branch groups resumed from the game's checkpoints: docs/guides/branching.md):
+    OMP_NUM_THREADS=1 python examples/tic_tac_toe.py --steps 30 --branch-groups 2 --scenarios-per-step 1
 On a real model (GPU; the warm-up is not needed):
     python examples/tic_tac_toe.py --base-model Qwen/Qwen2.5-1.5B-Instruct --warmup-steps 0 --steps 100 \\
         --learning-rate 1e-5 --temperature 1.0 --engine vllm
@@ -155,7 +157,9 @@ def warmup_conversations(count: int = 48, seed: int = 0) -> list[dict[str, Any]]
 
 
 def main(argv: list[str] | None = None, *, echo: Any = print) -> dict[str, Any]:
-    args = parse_args(__doc__ or "", argv, steps=40, warmup_steps=120, num_iterations=2)
+    help_text = "branch groups a step, forked at later moves of the step's games (0: none)"
+    branch_option = ("--branch-groups", {"type": int, "default": 0, "help": help_text})
+    args = parse_args(__doc__ or "", argv, steps=40, warmup_steps=120, num_iterations=2, options=[branch_option])
     with trainable_model(args, f"tic-tac-toe-{args.seed}", "examples") as (model, llm):
         trainer = art.Trainer(
             build_graph(llm),
@@ -167,6 +171,7 @@ def main(argv: list[str] | None = None, *, echo: Any = print) -> dict[str, Any]:
             eval_scenarios=scenarios(range(1000, 1032)),
             eval_every=10,
             eval_rewards=[won],
+            branching=art.Branching(groups_per_step=args.branch_groups, seed=args.seed) if args.branch_groups else None,
         )
         warm_up(trainer, warmup_conversations(seed=args.seed), args, echo=echo)
         history = trainer.train(scenarios(range(args.seed * 1000, args.seed * 1000 + 64)), steps=args.steps)
