@@ -1,18 +1,18 @@
 """Branch groups vs whole-run groups at equal sampled tokens, on the real model (SmolLM2-135M-Instruct), 2 tasks.
 
 - ``tictactoe``: examples/tic_tac_toe.py's game against a random opponent, its move forced as a ``move(square)`` call;
-  reward win 1, draw 0.5, loss or an illegal move 0; held out: 24 other opponents, the same score.
+  reward win 1, draw 0.5, loss or an illegal move 0; held out: 72 other opponents, the same score.
 - ``units``: a two-question conversation with the unit-conversion tool of the demo (``demos/units.py``): each user
   turn asks one conversion, the agent's call is forced; reward: the share of the six arguments right; held out:
-  12 conversations in phrasings training never uses.
+  24 conversations in phrasings training never uses.
 
 Arms, each from the same untrained model with the same seed: ``whole``: 2 scenarios x 4 runs a step; ``branch``:
 1 scenario x 4 runs and 2 branch groups of 4 continuations (``art.Branching``), forked at a random later decision of
 the step's runs. A continuation is shorter than a run, so both arms sample about the same tokens a step (measured:
 ``rollout/sampled_tokens``, summed, is in the table). Held-out evaluations after steps 0, half the steps and all
-(tictactoe 12, units 6 steps).
+(tictactoe 16, units 12 steps). The evaluations sample at the training temperature, 0.7.
 
-    python benchmarks/branching.py --seeds 0 1 2            # ~50 min on 2 cores
+    python benchmarks/branching.py --seeds 0 1 2            # ~60 min on 2 cores
 """
 
 from __future__ import annotations
@@ -115,17 +115,17 @@ TASKS: dict[str, dict[str, Any]] = {
         graph=ttt_graph,
         reward=game_score,
         train=lambda s: ttt.scenarios(range(s * 1000, s * 1000 + 64)),
-        held_out=lambda: ttt.scenarios(range(500, 524)),
+        held_out=lambda: ttt.scenarios(range(500, 572)),
         max_tokens=64,
-        steps=12,
+        steps=16,
     ),
     "units": dict(
         graph=units_graph,
         reward=arguments_right,
         train=lambda s: conversations(60, units.TRAIN_PHRASINGS, 1000 + s),
-        held_out=lambda: conversations(12, units.HELD_OUT_PHRASINGS, 7),
+        held_out=lambda: conversations(24, units.HELD_OUT_PHRASINGS, 7),
         max_tokens=48,
-        steps=6,
+        steps=12,
     ),
 }
 
@@ -193,7 +193,7 @@ def table(results: list[dict[str, Any]]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=None, help="steps a run (default: tictactoe 12, units 6)")
+    parser.add_argument("--steps", type=int, default=None, help="steps a run (default: tictactoe 16, units 12)")
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--home", type=Path, default=Path("runs/branching"))
     parser.add_argument("--out", type=Path, default=Path(__file__).with_name("branching.json"))
