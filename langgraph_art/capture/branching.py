@@ -159,17 +159,14 @@ def _timestamp(created_at: str | None) -> float:
     return datetime.fromisoformat(created_at).timestamp() if created_at else float("inf")
 
 
-def _decision_nodes(run: Trajectory) -> dict[float, str]:
-    """Start time -> top-level node of each trainable turn of ``run`` (the node a fork re-runs)."""
+def _decisions(run: Trajectory) -> list[tuple[float, str]]:
+    """(start time, top-level node) of each trainable turn of ``run`` (the node a fork re-runs), in time order."""
     top: dict[str, str] = {}
     for span in run.spans:  # start order: parents first
         top[span.id] = top.get(span.parent_id or "", span.name) if span.parent_id else span.name
-    found = {}
-    for span in run.spans:
-        for turn in span.turns:
-            if turn.trainable and turn.has_tokens and turn.error is None:
-                found[turn.start_time] = top[span.id]
-    return found
+    found = [(turn.start_time, top[span.id]) for span in run.spans for turn in span.turns
+             if turn.trainable and turn.has_tokens and turn.error is None]  # fmt: skip
+    return sorted(found)
 
 
 async def _history(pregel: Any, thread_id: str) -> list[Any]:
@@ -185,11 +182,11 @@ async def acandidates(graph: Runnable, run: Trajectory, settings: Branching) -> 
     thread_id = run.metadata.get("thread_id")
     if run.status == "failed" or not thread_id:
         return []
-    decisions = _decision_nodes(run)
+    decisions = _decisions(run)
     if len(decisions) < 2:
         return []
-    wanted = set(settings.nodes) if settings.nodes is not None else set(decisions.values())
-    times = sorted(decisions)
+    wanted = set(settings.nodes) if settings.nodes is not None else {node for _, node in decisions}
+    times = [start for start, _ in decisions]
     points = []
     run_key = run.metadata.get("langgraph_art_run")
     for snapshot in reversed(await _history(find_pregel(graph), thread_id)):  # oldest first
