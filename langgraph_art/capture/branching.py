@@ -29,7 +29,7 @@ from typing import Any
 from langchain_core.runnables import Runnable, RunnableBinding, RunnableConfig
 
 from langgraph_art.capture.recorder import TurnRecorder
-from langgraph_art.capture.rollout import RunWriter, afill_groups, arollout
+from langgraph_art.capture.rollout import RunWriter, afill_groups, arollout, find_pregel
 from langgraph_art.errors import ConfigError
 from langgraph_art.store import TrajectoryStore
 from langgraph_art.types import Trajectory, TrajectoryGroup
@@ -114,15 +114,6 @@ class Branching:
         if self.rule is not None and not callable(self.rule):
             raise ConfigError(f"Branching(rule=...) must be a function of a ForkPoint returning a bool, got "
                               f"{type(self.rule).__name__}")  # fmt: skip
-
-
-def find_pregel(graph: Any) -> Any:
-    """The compiled LangGraph graph inside ``graph`` (itself, or under ``with_config``/``bind`` wrappers)."""
-    from langgraph.pregel import Pregel
-
-    while isinstance(graph, RunnableBinding):
-        graph = graph.bound
-    return graph if isinstance(graph, Pregel) else None
 
 
 def with_checkpointer(graph: Runnable, checkpointer: Any = None) -> tuple[Runnable, bool]:

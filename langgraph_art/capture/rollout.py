@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from langchain_core.callbacks import BaseCallbackManager
-from langchain_core.runnables import Runnable, RunnableConfig
+from langchain_core.runnables import Runnable, RunnableBinding, RunnableConfig
 
 from langgraph_art.capture.callbacks import TrajectoryCallbackHandler
 from langgraph_art.capture.messages import to_jsonable
@@ -114,11 +114,18 @@ def _run_config(config: RunnableConfig | None, handler: TrajectoryCallbackHandle
     return _config({**(config or {}), "configurable": configurable}, handler, meta)
 
 
+def find_pregel(graph: Any) -> Any:
+    """The compiled LangGraph graph inside ``graph`` (itself, or under ``with_config``/``bind`` wrappers), or None."""
+    from langgraph.pregel import Pregel
+
+    while isinstance(graph, RunnableBinding):
+        graph = graph.bound
+    return graph if isinstance(graph, Pregel) else None
+
+
 async def _alatest(graph: Runnable, config: Mapping[str, Any], run_key: str) -> Any:
     """The config of this run's latest checkpoint on its thread (runs forked on one thread are told apart by
     the run key that LangGraph copies from the run's metadata into each checkpoint's)."""
-    from langgraph_art.capture.branching import find_pregel
-
     pregel = find_pregel(graph)
     if pregel is None or not pregel.checkpointer:
         raise ConfigError("resume=... needs a compiled LangGraph graph with a checkpointer (interrupt() needs one "
