@@ -89,3 +89,21 @@ def evaluate(
 ) -> Evaluation:
     """Synchronous ``aevaluate`` (works inside a running event loop too)."""
     return run_sync(aevaluate(graph, scenarios, rewards, **kwargs))
+
+
+def sampled_tokens(groups: Sequence[Any]) -> float:
+    """Tokens the runs of ``groups`` sampled (every run: failed and untrained ones cost their tokens too)."""
+    return float(sum(len(turn.token_ids) for g in groups for t in g.trajectories for turn in t.turns()))
+
+
+def branch_metrics(report: Any, groups: Sequence[Any]) -> dict[str, float]:
+    """A step's ``branch/*`` metrics: how many groups and continuations, where they forked, what they scored."""
+    runs = [t for g in groups for t in g.completed()]
+    depths = [g.metadata["branch"]["depth"] for g in groups]
+    return {
+        "branch/groups": float(len(groups)),
+        "branch/runs": float(sum(len(g.trajectories) for g in groups)),
+        "branch/depth_mean": sum(depths) / len(depths) if depths else float("nan"),
+        "branch/reward/mean": report.metrics.get("reward/total", float("nan")) if report and runs else float("nan"),
+        "branch/sampled_tokens": sampled_tokens(groups),
+    }

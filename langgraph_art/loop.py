@@ -35,16 +35,14 @@ from langchain_core.runnables import Runnable
 from langgraph_art.backends.base import Backend
 from langgraph_art.capture.branching import (
     Branching,
-    abranch_groups,
-    adelete_threads,
-    afork_points,
+    abranch,
     find_pregel,
     with_checkpointer,
 )
 from langgraph_art.capture.rollout import agather_groups, check_scenarios
 from langgraph_art.config import GRPOConfig
 from langgraph_art.errors import ConfigError, TrainingAborted
-from langgraph_art.evaluation import aevaluate, reward_metrics
+from langgraph_art.evaluation import aevaluate, branch_metrics, reward_metrics, sampled_tokens
 from langgraph_art.model import TrainableModel
 from langgraph_art.progress import ProgressBar
 from langgraph_art.rewards.combine import as_source, ascore_groups
@@ -344,26 +342,13 @@ class Trainer:
         return _Rollout(groups, policy_step, started, wall, time.perf_counter() - started, metrics)
 
     async def _branch(self, groups: list[Any], metadata: Mapping[str, Any]) -> list[Any]:
-        """The step's branch groups: fork points drawn in ``groups``' finished runs, continuations from each."""
+        """The step's branch groups (``abranch``)."""
         assert self.branching is not None
-        runs = [t for g in groups for t in g.completed()]
-        try:
-            points = await afork_points(self.run_graph, runs, self.branching, self._branch_rng)
-            return await abranch_groups(
-                self.run_graph,
-                points,
-                {g.scenario_id: g.scenario for g in groups},
-                self.branching.num_generations or self.config.num_generations,
-                max_concurrency=self.max_concurrency,
-                metadata=metadata,
-                recorders=[self.model.recorder],
-                store=self.store,
-                resume=self.resume,
-            )
-        finally:
-            delete = self.branching.delete_threads
-            if delete or (delete is None and self._own_checkpointer):
-                await adelete_threads(self.run_graph, [t for g in groups for t in g.trajectories])
+        return await abranch(self.run_graph, groups, self.branching, self._branch_rng,
+                             num_generations=self.branching.num_generations or self.config.num_generations,
+                             own_checkpointer=self._own_checkpointer, max_concurrency=self.max_concurrency,
+                             metadata=metadata, recorders=[self.model.recorder], store=self.store,
+                             resume=self.resume)  # fmt: skip
 
     async def _learn_after(self, previous: asyncio.Task[Any] | None, rollout: _Rollout) -> dict[str, float]:
         """``_learn`` once the step before has learned; if that one failed, this step's groups are stored unscored
@@ -434,24 +419,6 @@ class Trainer:
         matplotlib."""
         target = Path(path) if path else self.run_dir / "reward_curve.png"
         return plot_rewards(self.history, target, f"{self.model.name} ({self.model.project})", evals=self.evals)
-
-
-def sampled_tokens(groups: Sequence[Any]) -> float:
-    """Tokens the runs of ``groups`` sampled (every run: failed and untrained ones cost their tokens too)."""
-    return float(sum(len(turn.token_ids) for g in groups for t in g.trajectories for turn in t.turns()))
-
-
-def branch_metrics(report: Any, groups: Sequence[Any]) -> dict[str, float]:
-    """A step's ``branch/*`` metrics: how many groups and continuations, where they forked, what they scored."""
-    runs = [t for g in groups for t in g.completed()]
-    depths = [g.metadata["branch"]["depth"] for g in groups]
-    return {
-        "branch/groups": float(len(groups)),
-        "branch/runs": float(sum(len(g.trajectories) for g in groups)),
-        "branch/depth_mean": sum(depths) / len(depths) if depths else float("nan"),
-        "branch/reward/mean": report.metrics.get("reward/total", float("nan")) if report and runs else float("nan"),
-        "branch/sampled_tokens": sampled_tokens(groups),
-    }
 
 
 def _check_eval(scenarios: Any, every: Any, generations: Any, rewards: Any) -> None:

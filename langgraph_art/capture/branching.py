@@ -264,6 +264,29 @@ async def abranch_groups(
     return groups
 
 
+async def abranch(
+    graph: Runnable,
+    groups: Sequence[TrajectoryGroup],
+    settings: Branching,
+    rng: random.Random,
+    *,
+    num_generations: int,
+    own_checkpointer: bool,
+    **kwargs: Any,
+) -> list[TrajectoryGroup]:
+    """A step's branch groups: fork points drawn in ``groups``' finished runs, ``num_generations`` continuations
+    from each (``kwargs``: ``abranch_groups``'); then the step's threads are deleted when ``settings`` says so
+    (by default only from the checkpointer the trainer supplied, ``own_checkpointer``)."""
+    runs = [t for g in groups for t in g.completed()]
+    try:
+        points = await afork_points(graph, runs, settings, rng)
+        scenarios = {g.scenario_id or "": g.scenario for g in groups}
+        return await abranch_groups(graph, points, scenarios, num_generations, **kwargs)
+    finally:
+        if settings.delete_threads or (settings.delete_threads is None and own_checkpointer):
+            await adelete_threads(graph, [t for g in groups for t in g.trajectories])
+
+
 async def adelete_threads(graph: Runnable, runs: Iterable[Trajectory]) -> None:
     """Delete the checkpoints of ``runs``' threads (continuations forked on them included)."""
     saver = find_pregel(graph).checkpointer
