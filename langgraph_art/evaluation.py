@@ -16,8 +16,9 @@ from typing import Any
 
 from langchain_core.runnables import Runnable
 
+from langgraph_art.capture.branching import adelete_threads
 from langgraph_art.capture.rollout import agather_groups
-from langgraph_art.rewards.combine import RewardReport, ascore_groups
+from langgraph_art.rewards.combine import ascore_groups
 from langgraph_art.sync import run_sync
 from langgraph_art.types import TrajectoryGroup
 
@@ -44,12 +45,15 @@ async def aevaluate(
     recorders: Sequence[Any] = (),
     metadata: Mapping[str, Any] | None = None,
     resume: Any = None,
+    delete_threads: bool = False,
 ) -> Evaluation:
     """Run each scenario ``num_generations`` times, score with ``rewards``, store (when given) as ``split="eval"``.
 
     The mean is over the runs' weighted reward totals, as the training steps' ``reward/mean``; failed runs count in
     ``eval/runs/failed``, not in the mean. A group-relative judge (``RulerJudge``) needs ``num_generations >= 2``
-    to compare runs. ``resume``: resumes runs that stop at ``interrupt()`` (``arollout``)."""
+    to compare runs. ``resume``: resumes runs that stop at ``interrupt()`` (``arollout``). ``delete_threads``:
+    delete the runs' threads (``art-<run key>``) from the graph's checkpointer once they ran (their final states
+    are in the groups), as ``Trainer`` does with ``Branching(delete_threads=True)``."""
     started = time.perf_counter()
     groups = await agather_groups(
         graph,
@@ -62,26 +66,16 @@ async def aevaluate(
         metadata={**(metadata or {}), "split": EVAL},
         resume=resume,
     )
+    if delete_threads:
+        await adelete_threads(graph, [t for g in groups for t in g.trajectories])
     report = await ascore_groups(groups, rewards)
     if store is not None:  # with their rewards now
         for group in groups:
             await asyncio.to_thread(store.add_group, group)
-    metrics = {f"eval/{key}": value for key, value in reward_metrics(report, groups).items()}
+    metrics = {f"eval/{key}": value for key, value in report.summary(groups).items()}
     metrics["eval/runs"] = float(sum(len(g.trajectories) for g in groups))
     metrics["eval/time_s"] = time.perf_counter() - started
     return Evaluation(metrics, groups)
-
-
-def reward_metrics(report: RewardReport, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
-    """A step's (or an evaluation's) reward metrics: ``reward/mean`` and ``reward/std`` of the runs' weighted totals,
-    ``runs/failed``, and the report's per-reward means and counts (``reward/<name>``, ``reward/runs_scored``, ...)."""
-    scored = dict(report.metrics)
-    return {
-        "reward/mean": scored.pop("reward/total", float("nan")),
-        "reward/std": scored.pop("reward/total_std", float("nan")),
-        "runs/failed": float(sum(len(g.failed) for g in groups)),
-        **scored,
-    }
 
 
 def evaluate(
@@ -89,21 +83,3 @@ def evaluate(
 ) -> Evaluation:
     """Synchronous ``aevaluate`` (works inside a running event loop too)."""
     return run_sync(aevaluate(graph, scenarios, rewards, **kwargs))
-
-
-def sampled_tokens(groups: Sequence[Any]) -> float:
-    """Tokens the runs of ``groups`` sampled (every run: failed and untrained ones cost their tokens too)."""
-    return float(sum(len(turn.token_ids) for g in groups for t in g.trajectories for turn in t.turns()))
-
-
-def branch_metrics(report: Any, groups: Sequence[Any]) -> dict[str, float]:
-    """A step's ``branch/*`` metrics: how many groups and continuations, where they forked, what they scored."""
-    runs = [t for g in groups for t in g.completed()]
-    depths = [g.metadata["branch"]["depth"] for g in groups]
-    return {
-        "branch/groups": float(len(groups)),
-        "branch/runs": float(sum(len(g.trajectories) for g in groups)),
-        "branch/depth_mean": sum(depths) / len(depths) if depths else float("nan"),
-        "branch/reward/mean": report.metrics.get("reward/total", float("nan")) if report and runs else float("nan"),
-        "branch/sampled_tokens": sampled_tokens(groups),
-    }

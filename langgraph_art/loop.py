@@ -36,16 +36,18 @@ from langgraph_art.backends.base import Backend
 from langgraph_art.capture.branching import (
     Branching,
     abranch,
+    branch_metrics,
+    deletes_threads,
     find_pregel,
     with_checkpointer,
 )
-from langgraph_art.capture.rollout import agather_groups, check_scenarios
+from langgraph_art.capture.rollout import agather_groups, check_checkpointer, check_scenarios
 from langgraph_art.config import GRPOConfig
 from langgraph_art.errors import ConfigError, TrainingAborted
-from langgraph_art.evaluation import aevaluate, branch_metrics, reward_metrics, sampled_tokens
+from langgraph_art.evaluation import aevaluate
 from langgraph_art.model import TrainableModel
 from langgraph_art.progress import ProgressBar
-from langgraph_art.rewards.combine import as_source, ascore_groups
+from langgraph_art.rewards.combine import as_source, ascore_groups, place_caches
 from langgraph_art.rollouts.protocol import Rollouts
 from langgraph_art.runlog import append_record, plot_rewards
 from langgraph_art.sinks import make_sinks
@@ -66,7 +68,59 @@ class _Rollout(NamedTuple):
 
 
 class Trainer:
-    """Train ``model`` on runs of ``graph`` (whose LLM is ``ChatART(model=model)``) scored by ``rewards``."""
+    """Train ``model`` on runs of ``graph`` (whose LLM is ``ChatART(model=model)``) scored by ``rewards``.
+
+    Each step runs ``scenarios_per_step`` scenarios ``num_generations`` times with the current policy, stores and
+    scores the runs, makes one GRPO update of the LoRA from the differences inside each scenario's group, writes a
+    checkpoint and serves it, so the next step samples the new policy (``train``, ``atrain``, ``train_step``).
+    ``warmup`` trains the same LoRA by SFT first. Metrics: ``history`` (one dict per step), ``evals``, and
+    ``<home>/<project>/runs/<name>/metrics.jsonl`` with ``reward_curve.png`` beside it (``run_dir``).
+
+    Args:
+        graph: The compiled LangGraph graph (any ``Runnable``) to train, its LLM a ``ChatART(model=model)``.
+        model: The ``TrainableModel``, registered with a backend (``art.LocalBackend()``,
+            ``art.RemoteBackend(url)``).
+        rewards: At least one: ``@art.reward`` functions, an ``art.RulerJudge``, or any ``art.RewardSource``.
+            A run's reward is their weighted total.
+        num_generations: Runs per scenario, the group GRPO compares (>= 2; default ``GRPOConfig.num_generations``,
+            8). Given here or in ``config``, not both with different values.
+        config: The ``GRPOConfig`` of the update and the LoRA (None: every field's default).
+        scenarios_per_step: Scenarios per step, taken in turn from the list ``train`` gets (cycled).
+        max_concurrency: Runs in flight at once during a step's rollouts and evaluations.
+        max_steps_off_policy: How many steps the rollouts may run ahead of training (0: sample, then train,
+            then sample; see the module docstring).
+        eval_scenarios: Held-out scenarios, run ``eval_generations`` times each and scored with ``eval_rewards``
+            before the first step, every ``eval_every`` steps and after the last; never trained on.
+        eval_every: Steps between evaluations (None: only before the first step and after the last).
+        eval_generations: Runs per evaluation scenario (>= 2 for a group judge such as ``RulerJudge``).
+        eval_rewards: The evaluation's rewards (None: ``rewards``).
+        langfuse: For the ``langgraph-art-langfuse`` integration: None follows the environment (on when
+            ``LANGFUSE_PUBLIC_KEY`` and ``LANGFUSE_SECRET_KEY`` are set), True requires it, False never; or your
+            own ``LangfuseExporter``.
+        wandb: For the ``langgraph-art-wandb`` integration: None follows the environment (``WANDB_API_KEY`` /
+            ``WANDB_PROJECT`` set, or ``WANDB_MODE`` offline/online), True requires it, False never; or a dict of
+            ``wandb.init`` arguments.
+        sinks: Your own ``art.Sink`` objects, given each step's and each evaluation's record.
+        rollouts: Where each step's runs happen: None on this process's event loop, ``art.RayRollouts(...)`` on
+            Ray actors (evaluation stays here).
+        branching: ``art.Branching(groups_per_step=4)`` adds groups of continuations resumed from checkpoints
+            inside each step's runs (docs/guides/branching.md). A graph without a checkpointer is run as a copy
+            with one (the graph you pass is not changed).
+        resume: For graphs that call ``interrupt()``: ``resume(interrupts, state)`` gives the value each
+            interrupted run (and continuation) is resumed with, ``Command(resume=value)``; None: such a run ends
+            ``interrupted`` and is scored as it stands. Needs a checkpointer (or ``branching``).
+
+    Raises:
+        ConfigError: A setting that cannot work, with what to change.
+
+    Example:
+        ```python
+        trainer = art.Trainer(graph, model, rewards=[right_answer], scenarios_per_step=2,
+                              eval_scenarios=held_out)
+        history = trainer.train(scenarios, steps=10)   # one dict of metrics per step
+        trainer.evals[-1]["eval/reward/mean"]          # the held-out score after the last step
+        ```
+    """
 
     def __init__(
         self,
@@ -90,32 +144,7 @@ class Trainer:
         branching: Branching | None = None,
         resume: Callable[[Any, Any], Any] | None = None,
     ) -> None:
-        """``num_generations``: runs per scenario (``GRPOConfig.num_generations``, default 8), given here or in
-        ``config``, not both with different values.
-
-        ``max_steps_off_policy``: how many steps the rollouts may run ahead of training (0: sample, then train,
-        then sample; see the module docstring).
-
-        ``eval_scenarios``: held-out scenarios, run ``eval_generations`` times each and scored with ``eval_rewards``
-        (default: ``rewards``) before the first step, every ``eval_every`` steps (None: only before and after) and
-        after the last.
-
-        ``langfuse`` / ``wandb``: handed to those integrations (``langgraph-art-langfuse``, ``langgraph-art-wandb``;
-        entry points, see ``sinks.py``). None follows the environment (Langfuse when ``LANGFUSE_PUBLIC_KEY`` and
-        ``LANGFUSE_SECRET_KEY`` are set; W&B when ``WANDB_API_KEY``/``WANDB_PROJECT`` is set or ``WANDB_MODE`` is
-        offline/online), True requires it, False never; Langfuse also takes your own ``LangfuseExporter``, W&B a
-        dict of ``wandb.init`` arguments. ``sinks``: your own ``langgraph_art.Sink`` objects.
-
-        ``rollouts``: where each step's runs happen; None runs them on this process's event loop,
-        ``art.RayRollouts(num_workers=4)`` on Ray actors (``rollouts.py``; evaluation stays here).
-
-        ``branching``: ``art.Branching(groups_per_step=4)`` adds groups of continuations resumed from checkpoints
-        inside each step's runs (``capture/branching.py``; docs/guides/branching.md). A graph without a
-        checkpointer is run as a copy with one (the graph you pass is not changed).
-
-        ``resume``: for graphs that call ``interrupt()``: ``resume(interrupts, state)`` gives the value each
-        interrupted run (and continuation) is resumed with, ``Command(resume=value)``; None: such a run ends
-        ``interrupted`` and is scored as it stands."""
+        """See the class docstring for the arguments."""
         if (
             isinstance(max_steps_off_policy, bool)
             or not isinstance(max_steps_off_policy, int)
@@ -159,6 +188,8 @@ class Trainer:
                 "resume=... resumes runs from their checkpoints: compile the graph with a checkpointer "
                 "(graph.compile(checkpointer=InMemorySaver()); interrupt() needs one too) or pass branching=..."
             )
+        check_checkpointer(self.run_graph, history=branching is not None or resume is not None)  # async savers only
+        check_checkpointer(graph, history=resume is not None)  # the evaluation runs' graph
         self.backend: Backend = model.backend
         self.store = self.backend.store(model)
         self.run_id = uuid.uuid4().hex[:12]
@@ -166,6 +197,7 @@ class Trainer:
         self.eval_scenarios = list(eval_scenarios or [])
         self.eval_every, self.eval_generations = eval_every, eval_generations
         self.eval_rewards = list(eval_rewards) if eval_rewards else self.rewards
+        place_caches([*self.rewards, *self.eval_rewards], self.backend.home)  # a judge's cache: with the model's data
         self.evals: list[dict[str, Any]] = []  # one record per evaluation (as in metrics.jsonl)
         self._skips = 0  # training steps that found nothing to train on
         self.sinks = make_sinks(
@@ -256,6 +288,7 @@ class Trainer:
             recorders=[self.model.recorder],
             metadata={"policy_step": policy_step, "training_run": self.run_id},
             resume=self.resume,
+            delete_threads=deletes_threads(self.branching, self._own_checkpointer),  # as the steps' threads
         )
         record = {"split": "eval", "iteration": iteration, "step": policy_step, "policy_step": policy_step,
                   **result.metrics}  # fmt: skip
@@ -370,6 +403,7 @@ class Trainer:
         learn_started = time.perf_counter()
         report = await ascore_groups(whole, self.rewards)
         branch_report = await ascore_groups(branches, self.rewards) if branches else None
+        branch_mean = branch_report.metrics.get("reward/total", float("nan")) if branch_report else float("nan")
         trained_on = await asyncio.to_thread(self.backend.current_step, self.model)
         try:
             result = await asyncio.to_thread(self.backend.train_step, self.model, trained, self.config)
@@ -383,11 +417,9 @@ class Trainer:
         metrics = {
             "step": float(result.step),
             "policy_step": float(policy_step),
-            **reward_metrics(
-                report, groups
-            ),  # reward/mean (of the runs' weighted totals), reward/std, runs/failed, ...
-            "rollout/sampled_tokens": sampled_tokens(groups),
-            **(branch_metrics(branch_report, branches) if self.branching else {}),
+            **report.summary(groups),  # reward/mean (of the runs' weighted totals), reward/std, runs/failed, ...
+            "rollout/sampled_tokens": float(sum(t.sampled_tokens() for g in groups for t in g.trajectories)),
+            **(branch_metrics(branches, branch_mean) if self.branching else {}),
             "time/rollout_s": rollout.seconds,
             "time/learn_s": time.perf_counter() - learn_started,
             "time/step_s": time.perf_counter() - rollout.started,
@@ -443,7 +475,4 @@ def _with_generations(config: GRPOConfig, num_generations: int | None) -> GRPOCo
             f"num_generations={num_generations} and GRPOConfig(num_generations={config.num_generations}) disagree; "
             "give it in one place"
         )
-    try:
-        return GRPOConfig.model_validate({**config.model_dump(), "num_generations": num_generations})
-    except ValueError as error:  # pydantic's ValidationError around the config's own message
-        raise ConfigError(str(error).split("Value error, ", 1)[-1].split(" [type=", 1)[0]) from None
+    return config.model_copy(update={"num_generations": num_generations})  # validated: a ConfigError if bad

@@ -1,8 +1,10 @@
-"""Data-parallel training (``train/ranks.py``): 2 gloo ranks train exactly what 1 rank trains (GRPO and SFT), only
-rank 0 writes, and a rank killed mid-step aborts that step cleanly; the next starts from the last checkpoint."""
+"""Data-parallel training (``train/ranks.py``): 2 gloo ranks train what 1 rank trains, to float rounding (GRPO and
+SFT; the bounds are docs/guides/scale-out.md's), only rank 0 writes, and a rank killed mid-step aborts that step
+cleanly; the next starts from the last checkpoint."""
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
@@ -25,7 +27,7 @@ from langgraph_art.train.process import ProcessTrainer  # noqa: E402
 from langgraph_art.train.ranks import RankGroup  # noqa: E402
 from langgraph_art.train.trainer import GRPOTrainer  # noqa: E402
 from langgraph_art.types import NodeSpan, Trajectory, TrajectoryGroup  # noqa: E402
-from tests.helpers import free_port, one_agent_graph, serving  # noqa: E402
+from tests.helpers import free_port, one_agent_graph, serving, wait_until  # noqa: E402
 from tests.test_trainer import sampled_turn  # noqa: E402
 
 # several micro-batches a step (2 rows each), so the ranks really split the work
@@ -58,10 +60,32 @@ def turn(trainer: GRPOTrainer, step: int, group: int, run: int) -> Any:
     return sampled_turn(trainer, 100 * step + 10 * group + run, n=4 + 3 * run + group)
 
 
-def max_relative_difference(a: dict[str, Any], b: dict[str, Any]) -> float:
-    """max |a - b| / max |a| over each tensor, the largest over all tensors."""
+# What docs/guides/scale-out.md says holds between 1 and 2 ranks (measured on this test, with 1 or 2 torch threads in
+# the one-rank trainer: metrics 1.2e-6, LoRA 1.1e-5 over all tensors, 7.8e-4 in one tensor; with one thread the GRPO
+# steps are bitwise equal). The metrics: relative, or absolute for values near zero (train/sampler_logprob_gap).
+METRICS_REL, METRICS_ABS = 1e-5, 1e-6
+LORA_REL = 1e-4  # ||a - b|| / ||a|| over all the LoRA's tensors together
+TENSOR_REL = 5e-3  # max |a - b| / max |a| in any one tensor (AdamW scales up noise in a near-zero gradient)
+
+
+def relative_difference(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """||a - b|| / ||a|| over all tensors together (the LoRA as one vector)."""
+    assert a.keys() == b.keys()
+    return math.sqrt(sum(float((a[k] - b[k]).pow(2).sum()) for k in a) / sum(float(a[k].pow(2).sum()) for k in a))
+
+
+def max_tensor_difference(a: dict[str, Any], b: dict[str, Any]) -> float:
+    """max |a - b| / max |a| within each tensor, the largest over all tensors."""
     assert a.keys() == b.keys()
     return max(float((a[k] - b[k]).abs().max() / a[k].abs().max().clamp(min=1e-12)) for k in a)
+
+
+def assert_same_lora(one: Path, two: Path) -> None:
+    a, b = lora(one), lora(two)
+    assert relative_difference(a, b) <= LORA_REL and max_tensor_difference(a, b) <= TENSOR_REL, (
+        relative_difference(a, b),
+        max_tensor_difference(a, b),
+    )
 
 
 def lora(folder: Path) -> dict[str, Any]:
@@ -103,10 +127,10 @@ def test_two_gloo_ranks_train_what_one_rank_trains_and_a_killed_rank_aborts_only
             expected, got = one.step(groups), two.step(groups)
             assert got.step == expected.step and got.updated and expected.updated
             assert got.metrics.keys() == expected.metrics.keys()
-            for key in expected.metrics.keys() - set(TIMING):
-                assert got.metrics[key] == pytest.approx(expected.metrics[key], rel=1e-4, abs=1e-6), key
+            for key in expected.metrics.keys() - set(TIMING):  # train/grad_norm: the summed gradient's norm
+                assert got.metrics[key] == pytest.approx(expected.metrics[key], rel=METRICS_REL, abs=METRICS_ABS), key
             one_folder, two_folder = one.save_checkpoint(), two.save_checkpoint()
-            assert max_relative_difference(lora(one_folder), lora(two_folder)) <= 1e-4
+            assert_same_lora(one_folder, two_folder)
         state = checkpoint.load_state(two_folder)
         assert state["world_size"] == 2 and state["step"] == 3
         assert not list((tmp_path / "two").glob(".step-*"))  # no half-written folder of another rank
@@ -114,8 +138,8 @@ def test_two_gloo_ranks_train_what_one_rank_trains_and_a_killed_rank_aborts_only
         # SFT over the same LoRA: the same losses and weights
         expected_losses = one.sft(CHATS, steps=3, learning_rate=2e-2)
         got_losses = two.sft(CHATS, steps=3, learning_rate=2e-2)
-        assert got_losses == pytest.approx(expected_losses, rel=1e-4)
-        assert max_relative_difference(lora(one.save_checkpoint()), lora(two.save_checkpoint())) <= 1e-4
+        assert got_losses == pytest.approx(expected_losses, rel=METRICS_REL)
+        assert_same_lora(one.save_checkpoint(), two.save_checkpoint())
 
         # rank 1 stops answering mid-step, then is killed: the step aborts, nothing of it is saved
         before = checkpoint.list_steps(tmp_path / "two")
@@ -130,7 +154,16 @@ def test_two_gloo_ranks_train_what_one_rank_trains_and_a_killed_rank_aborts_only
         # the next call starts a new group, resumed from the last checkpoint: it trains what one rank trains
         expected, got = one.step(steps[3]), two.step(steps[3])
         assert got.step == expected.step == before[-1] + 1 and follower not in two.pids
-        assert max_relative_difference(lora(one.save_checkpoint()), lora(two.save_checkpoint())) <= 1e-4
+        assert_same_lora(one.save_checkpoint(), two.save_checkpoint())
+
+        # a rank that dies between calls: the next call (whatever it is) starts a new group first, it does not fail
+        follower = two.pids[1]
+        os.kill(follower, signal.SIGKILL)  # and wait until it has exited whole (its parent can reap it): a leader
+        child = next(p for p in two._followers if p.pid == follower)  # thread shows Z before its other threads end
+        wait_until(lambda: child.poll() is not None, "the killed rank to exit", 10)
+        two.update_config(CONFIG)
+        assert follower not in two.pids and len(two.pids) == 2
+        assert two.step(steps[0]).updated
     finally:
         pids = two.pids
         two.close()

@@ -46,7 +46,18 @@ def test_every_public_name_resolves_and_the_version_comes_from_the_metadata() ->
         for name in module.__all__:
             assert getattr(module, name) is not None, name
     assert langgraph_art.__version__ == version("langgraph-art")
-    assert len(langgraph_art.__all__) <= 33  # the workflow, its data, extension points and errors; not internals
+    assert len(langgraph_art.__all__) <= 34  # the workflow, its data, extension points and errors; not internals
+
+
+def test_the_errors_a_caller_handles_are_public_names() -> None:
+    """What the public API raises on purpose (``model.pin`` a step that is not kept: ``ModelNotFoundError``)."""
+    import langgraph_art
+    from langgraph_art import errors
+
+    for name in ("ConfigError", "ModelNotFoundError", "RewardError", "RolloutError", "ServiceBusyError",
+                 "TrainingAborted", "LangGraphArtError"):  # fmt: skip
+        assert name in langgraph_art.__all__, name
+        assert getattr(langgraph_art, name) is getattr(errors, name), name
 
 
 def test_unknown_attribute_is_a_clear_error() -> None:
@@ -58,3 +69,18 @@ def test_unknown_attribute_is_a_clear_error() -> None:
         assert "does_not_exist" in str(exc)
     else:  # pragma: no cover
         raise AssertionError("expected AttributeError")
+
+
+def test_the_package_docstring_says_where_things_are() -> None:
+    """Each place the package docstring sends a reader holds what it says: the tiny models, the test helpers."""
+    import importlib
+    import re
+
+    import langgraph_art
+
+    text = " ".join((langgraph_art.__doc__ or "").split())
+    tiny = re.search(r"tiny models in ``([\w.]+)``", text)
+    helpers = re.search(r"``FakeBackend``\) in ``([\w.]+)``", text)
+    assert tiny and helpers, text
+    assert hasattr(importlib.import_module(tiny.group(1)), "tiny_model"), tiny.group(1)
+    assert hasattr(importlib.import_module(helpers.group(1)), "FakeBackend"), helpers.group(1)

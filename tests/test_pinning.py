@@ -9,12 +9,11 @@ from pathlib import Path
 import pytest
 
 import langgraph_art as art
+from langgraph_art.backends.service import build_service
 from langgraph_art.errors import ModelNotFoundError
 from langgraph_art.serve.embedded import EmbeddedServer
-from langgraph_art.serve.routes.training import training_router
 from langgraph_art.testing import FakeBackend
 from langgraph_art.train import checkpoint
-from langgraph_art.train.policies import PolicyRegistry
 
 pytestmark = [pytest.mark.integration]
 HELLO = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "1"}]}]
@@ -23,12 +22,10 @@ HELLO = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", 
 @pytest.fixture(scope="module")
 def service(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     home = tmp_path_factory.mktemp("service")
-    server = EmbeddedServer(str(tiny_path), served_name="tiny")
-    policies = PolicyRegistry(str(tiny_path), home)
-    server.app.include_router(training_router(server.engine, policies))
-    with server:
+    service = build_service(str(tiny_path), home=home, served_name="tiny")
+    with EmbeddedServer(app=service.app) as server:
         yield server.base_url, home
-    policies.close()
+    service.close()
 
 
 def pinned_and_kept(checkpoints: Path) -> None:

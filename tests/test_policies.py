@@ -19,9 +19,17 @@ class Recording:
 
     made: ClassVar[list[Recording]] = []
 
-    def __init__(self, base_model: str, config: Any, *, checkpoint_dir: Path, device: str | None) -> None:
+    def __init__(
+        self,
+        base_model: str,
+        config: Any,
+        *,
+        checkpoint_dir: Path,
+        device: str | None,
+        chat_template: str | None = None,
+    ) -> None:
         self.base_model, self.config, self.checkpoint_dir, self.device = base_model, config, checkpoint_dir, device
-        self.step_count, self.configs = 0, [config]
+        self.step_count, self.configs, self.closed = 0, [config], False
         Recording.made.append(self)
 
     def update_config(self, config: GRPOConfig) -> None:
@@ -38,6 +46,12 @@ class Recording:
         folder = self.checkpoint_dir / f"step-{self.step_count:06d}"
         folder.mkdir(parents=True, exist_ok=True)
         return folder
+
+    def sft(self, examples: Any, *, steps: int, learning_rate: float | None = None) -> list[float]:
+        return [1.0] * steps
+
+    def close(self) -> None:
+        self.closed = True
 
 
 @pytest.fixture
@@ -84,6 +98,7 @@ def test_the_least_recently_used_idle_trainer_makes_room(registry: PolicyRegistr
         assert len(registry) <= 2
     registry.prepare("p", "a")
     assert [t.checkpoint_dir.name for t in Recording.made] == ["a", "b", "c"]  # "a" was kept, not rebuilt
+    assert [t.closed for t in Recording.made] == [False, True, False]  # "b" was closed when dropped
     registry.prepare("p", "b")
     assert [t.checkpoint_dir.name for t in Recording.made] == ["a", "b", "c", "b"]  # dropped, rebuilt (resumes)
 

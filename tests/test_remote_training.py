@@ -12,11 +12,10 @@ import torch
 from safetensors.torch import load_file
 
 import langgraph_art as art
+from langgraph_art.backends.service import build_service
 from langgraph_art.errors import ConfigError
 from langgraph_art.serve.embedded import EmbeddedServer
-from langgraph_art.serve.routes.training import training_router
-from langgraph_art.train.policies import PolicyRegistry
-from langgraph_art.train.process import ProcessTrainer
+from langgraph_art.train.factory import TrainingOptions
 from tests.helpers import digit_share, one_agent_graph
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -29,11 +28,9 @@ digits = art.reward(digit_share, name="digits")
 def test_remote_backend_trains_in_the_service(tiny_path: Path, tmp_path: Path, process: bool) -> None:
     """Also with the service's trainers in child processes (``serve --trainer-process``): warm-ups (conversations
     and stored trajectories) and steps go through the pipe."""
-    service = EmbeddedServer(str(tiny_path), served_name="tiny")
-    factory = ProcessTrainer if process else None
-    policies = PolicyRegistry(str(tiny_path), tmp_path / "service", trainer_factory=factory)
-    service.app.include_router(training_router(service.engine, policies))
-    with service:
+    built = build_service(str(tiny_path), home=tmp_path / "service", served_name="tiny",
+                          training=TrainingOptions(process=process))  # fmt: skip
+    with EmbeddedServer(app=built.app) as service:
         backend = art.RemoteBackend(service.base_url, home=tmp_path / "client")
         model = art.TrainableModel(name="remote", project="p").register(backend)
         llm = art.ChatART(model=model, temperature=1.0, max_tokens=16)
@@ -70,7 +67,7 @@ def test_remote_backend_trains_in_the_service(tiny_path: Path, tmp_path: Path, p
         stored = backend.store(model).trajectories(status="ok")
         losses = trainer.warmup(stored[:4], steps=2)
         assert len(losses) == 2 and all(math.isfinite(loss) for loss in losses)
-    policies.close()
+    built.close()
 
 
 def test_a_service_without_training_api_says_so(server: Any, tmp_path: Path) -> None:

@@ -12,9 +12,8 @@ import httpx
 import pytest
 
 import langgraph_art as art
+from langgraph_art.backends.service import build_service
 from langgraph_art.serve.embedded import EmbeddedServer
-from langgraph_art.serve.routes.training import training_router
-from langgraph_art.train.policies import PolicyRegistry
 from tests.helpers import one_agent_graph
 
 PROBE = {"messages": [{"role": "user", "content": "numbers"}], "max_tokens": 6, "temperature": 0, "logprobs": True}
@@ -55,9 +54,8 @@ def check_replicas(tiny_path: Path, tmp_path: Path, device: str) -> None:
     """A training service and a replica on loopback (on ``device``), three steps (also run on a GPU:
     test_scale_out_gpu.py)."""
     counts: Counter[str] = Counter()
-    trainer_service = counting(EmbeddedServer(str(tiny_path), served_name="tiny", device=device), counts, "a")
-    policies = PolicyRegistry(str(tiny_path), tmp_path / "service", device=device)
-    trainer_service.app.include_router(training_router(trainer_service.engine, policies))
+    service = build_service(str(tiny_path), home=tmp_path / "service", served_name="tiny", device=device)
+    trainer_service = counting(EmbeddedServer(app=service.app), counts, "a")
     replica = EmbeddedServer(str(tiny_path), served_name="tiny", adapter_roots=[tmp_path / "service"], device=device)
     counting(replica, counts, "b")
     with trainer_service, replica:

@@ -106,14 +106,11 @@ def test_two_projects_with_one_model_name_on_one_local_backend(tmp_path: Path) -
 
 
 def test_two_projects_with_one_model_name_through_the_service(tiny_path: Path, tmp_path: Path) -> None:
+    from langgraph_art.backends.service import build_service
     from langgraph_art.serve.embedded import EmbeddedServer
-    from langgraph_art.serve.routes.training import training_router
-    from langgraph_art.train.policies import PolicyRegistry
 
-    service = EmbeddedServer(str(tiny_path), served_name="tiny", adapter_roots=[tmp_path])
-    policies = PolicyRegistry(str(tiny_path), tmp_path / "service")
-    service.app.include_router(training_router(service.engine, policies))
-    with service:
-        backend = art.RemoteBackend(service.base_url, home=tmp_path / "client")
-        two_projects_side_by_side(backend, tmp_path / "service", service.base_url)
-        assert len(policies) == 2
+    service = build_service(str(tiny_path), home=tmp_path / "service", served_name="tiny", adapter_roots=[tmp_path])
+    with EmbeddedServer(app=service.app) as server:
+        backend = art.RemoteBackend(server.base_url, home=tmp_path / "client")
+        two_projects_side_by_side(backend, tmp_path / "service", server.base_url)
+        assert service.policies is not None and len(service.policies) == 2

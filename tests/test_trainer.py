@@ -185,7 +185,13 @@ def test_checkpoints_are_peft_folders_pruned_pinned_and_resumed(trainer: GRPOTra
     assert resumed.step_count == 4
     for a, b in zip(resumed.trainable_parameters(), trainer.trainable_parameters(), strict=True):
         assert torch.equal(a, b)
-    assert resumed.optimizer.state_dict()["state"].keys() == trainer.optimizer.state_dict()["state"].keys()
+    # AdamW resumes where it stood: per parameter the same step count and moments (not restarted from zero)
+    for a, b in zip(resumed.trainable_parameters(), trainer.trainable_parameters(), strict=True):
+        got, want = resumed.optimizer.state[a], trainer.optimizer.state[b]
+        assert float(got["step"]) == float(want["step"]) == 4
+        assert want["exp_avg_sq"].abs().max() > 0
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(got[key], want[key], rtol=0, atol=0, msg=f"{key} differs after the resume")
 
 
 def test_tokenize_merges_agent_loops_and_masks_only_sampled_tokens(trainer: GRPOTrainer) -> None:
@@ -248,17 +254,6 @@ def test_turns_without_prompt_ids_are_rendered_with_the_template(trainer: GRPOTr
     (seq,) = build_sequences([run], Advantages(by_trajectory={"r": 1.0}), trainer.tokenizer)
     expected = list(trainer.tokenizer.apply_chat_template(turn.messages, add_generation_prompt=True, return_dict=False))
     assert seq.input_ids == [*expected, 7, 8] and seq.mask == [0] * len(expected) + [1, 1]
-
-
-def test_config_errors_say_how_to_fix() -> None:
-    with pytest.raises(ValueError, match="num_generations=1: GRPO compares runs"):  # pydantic wraps ConfigError
-        GRPOConfig(num_generations=1)
-    with pytest.raises(ValueError, match="epsilon=3e-4"):
-        GRPOConfig(loss_type="gspo")
-    with pytest.raises(ValueError, match=r"learning_rate=2\.0"):
-        GRPOConfig(learning_rate=2.0)
-    with pytest.raises(Exception, match="extra"):
-        GRPOConfig(lr=1e-3)  # type: ignore[call-arg]
 
 
 def test_config_updates_keep_the_lora_shape(trainer: GRPOTrainer) -> None:

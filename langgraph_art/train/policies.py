@@ -20,14 +20,14 @@ import gc
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from langgraph_art.config import GRPOConfig, check_name
 from langgraph_art.errors import ConfigError, ModelNotFoundError, ServiceBusyError
+from langgraph_art.train.protocol import PolicyTrainer, SFTExample, TrainerFactory
 from langgraph_art.types import StepResult, TrajectoryGroup
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ PolicyKey = tuple[str, str]  # (project, name)
 
 @dataclass
 class _Slot:
-    trainer: Any = None
+    trainer: PolicyTrainer | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
     users: int = 0  # callers holding or waiting for this slot: it is not dropped while > 0
 
@@ -51,12 +51,12 @@ class PolicyRegistry:
         *,
         device: str | None = None,
         max_trainers: int | None = None,
-        trainer_factory: Callable[..., Any] | None = None,
+        trainer_factory: TrainerFactory | None = None,
         chat_template: str | None = None,
     ) -> None:
-        """``trainer_factory(base_model, config, checkpoint_dir=..., device=...)`` builds a trainer (default
-        ``GRPOTrainer``; with ``chat_template=`` too when one is set: the engine's, so that the trainer renders as
-        the engine does); ``max_trainers=None`` keeps every trainer."""
+        """``trainer_factory`` builds a policy's trainer (``train.factory.trainer_factory`` picks it for a service;
+        default ``GRPOTrainer``); ``chat_template``: the engine's, so that the trainers render as the engine does;
+        ``max_trainers=None`` keeps every trainer."""
         if max_trainers is not None and max_trainers < 1:
             raise ConfigError(f"max_trainers must be >= 1 (or None for no limit), got {max_trainers}")
         self.base_model, self.home, self.device = base_model, Path(home).resolve(), device
@@ -106,7 +106,7 @@ class PolicyRegistry:
         return checkpoint.step_dir(root, step) if step is not None else None
 
     @contextmanager
-    def lease(self, project: str, name: str, config: GRPOConfig | None = None) -> Iterator[Any]:
+    def lease(self, project: str, name: str, config: GRPOConfig | None = None) -> Iterator[PolicyTrainer]:
         """The policy's trainer, exclusively for the caller, with ``config`` applied (ConfigError if it would
         change the LoRA's shape)."""
         folder = self.checkpoint_dir(project, name)
@@ -148,7 +148,7 @@ class PolicyRegistry:
         self,
         project: str,
         name: str,
-        examples: Sequence[Any],
+        examples: Sequence[SFTExample],
         *,
         steps: int,
         learning_rate: float | None = None,
@@ -165,18 +165,18 @@ class PolicyRegistry:
             slots, self._slots = list(self._slots.values()), OrderedDict()
         for slot in slots:
             with slot.lock:  # a step under way finishes first
-                if slot.trainer is not None and hasattr(slot.trainer, "close"):
+                if slot.trainer is not None:
                     slot.trainer.close()
                 slot.trainer = None
 
-    def _create(self, config: GRPOConfig | None, folder: Path) -> Any:
+    def _create(self, config: GRPOConfig | None, folder: Path) -> PolicyTrainer:
         factory = self._factory
         if factory is None:
             from langgraph_art.train.trainer import GRPOTrainer
 
             factory = GRPOTrainer
-        template: dict[str, Any] = {"chat_template": self.chat_template} if self.chat_template is not None else {}
-        return factory(self.base_model, config, checkpoint_dir=folder, device=self.device, **template)
+        return factory(self.base_model, config, checkpoint_dir=folder, device=self.device,
+                       chat_template=self.chat_template)  # fmt: skip
 
     def _make_room(self, key: PolicyKey) -> None:
         while self.max_trainers is not None and len(self._slots) >= self.max_trainers:
@@ -188,6 +188,6 @@ class PolicyRegistry:
                 )
             log.info("dropping the trainer of %s/%s (least recently used) to make room for %s/%s", *idle, *key)
             dropped = self._slots.pop(idle).trainer
-            if dropped is not None and hasattr(dropped, "close"):
+            if dropped is not None:
                 dropped.close()  # its adapter leaves a model it shares with the engine
             gc.collect()

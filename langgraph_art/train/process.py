@@ -39,21 +39,25 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from langgraph_art.config import GRPOConfig
 from langgraph_art.errors import ConfigError, TrainingAborted
-from langgraph_art.types import Trajectory, TrajectoryGroup
+from langgraph_art.train.protocol import PolicyTrainer, SFTExample, TrainerInit
+from langgraph_art.types import StepResult, Trajectory, TrajectoryGroup
+
+T = TypeVar("T", Trajectory, TrajectoryGroup)
 
 log = logging.getLogger(__name__)
 CLOSE_TIMEOUT_S = 30.0
 
 
 class ProcessTrainer:
-    """The part of ``GRPOTrainer`` that ``PolicyRegistry`` uses (``step``, ``save_checkpoint``, ``sft``,
-    ``update_config``, ``step_count``, ``close``), run in a child process."""
+    """A ``PolicyTrainer`` (``train/protocol.py``) whose ``GRPOTrainer`` runs in a child process (one per rank);
+    built like ``GRPOTrainer`` (both are ``TrainerFactory``s), plus the number of ``ranks``."""
 
     shares_weights = False
 
@@ -75,8 +79,7 @@ class ProcessTrainer:
         self.ranks = ranks
         self.config = config or GRPOConfig()
         self.checkpoint_dir = Path(checkpoint_dir)
-        self._init = {"base_model": base_model, "checkpoint_dir": str(self.checkpoint_dir), "device": device,
-                      "chat_template": chat_template}  # fmt: skip
+        self._base_model, self._device, self._chat_template = base_model, device, chat_template
         self._threads = threads if threads is not None else max(1, child_threads() // ranks)
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None  # rank 0, which the pipe reaches
@@ -96,15 +99,17 @@ class ProcessTrainer:
         """The children's process ids, rank 0 first."""
         return [p.pid for p in ([self._proc] if self._proc else []) + self._followers]
 
-    def step(self, groups: Any) -> Any:
-        return self._call("step", [without_final_state(g) for g in groups])
+    def step(self, groups: Sequence[TrajectoryGroup]) -> StepResult:
+        result: StepResult = self._call("step", [without_final_state(g) for g in groups])
+        return result
 
     def save_checkpoint(self) -> Path:
         return Path(self._call("save_checkpoint"))
 
-    def sft(self, examples: Any, **kwargs: Any) -> list[float]:
-        examples = [without_final_state(e) if isinstance(e, Trajectory) else e for e in examples]
-        return self._call("sft", examples, **kwargs)
+    def sft(self, examples: Sequence[SFTExample], *, steps: int, learning_rate: float | None = None) -> list[float]:
+        portable = [without_final_state(e) if isinstance(e, Trajectory) else e for e in examples]
+        losses: list[float] = self._call("sft", portable, steps=steps, learning_rate=learning_rate)
+        return losses
 
     def update_config(self, config: GRPOConfig) -> None:
         self._call("update_config", config)
@@ -141,19 +146,22 @@ class ProcessTrainer:
             os.close(to_child)
             os.close(from_child)
         self._send, self._recv = Connection(from_parent, readable=False), Connection(to_parent, writable=False)
-        init = {**self._init, "config": self.config, "threads": self._threads}
+        init = TrainerInit(base_model=self._base_model, config=self.config, checkpoint_dir=str(self.checkpoint_dir),
+                           device=self._device, chat_template=self._chat_template)  # fmt: skip
         try:
-            self._exchange("start", (init,), {})
+            self._exchange("start", (init, self._threads), {})
         except BaseException:
             self._stop()
             raise
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         with self._lock:
-            if self._proc is None or self._proc.poll() is not None:
-                log.warning("starting a new trainer process for %s (it resumes from the latest checkpoint)",
-                            self.checkpoint_dir)  # fmt: skip
-                self._stop()
+            lost = self._dead_followers()  # a rank that died between calls: the group cannot train any more
+            if self._proc is None or self._proc.poll() is not None or lost:
+                why = f"; ranks {[r for r, _ in lost]} had exited" if lost else ""
+                log.warning("starting new trainer processes for %s (they resume from the latest checkpoint)%s",
+                            self.checkpoint_dir, why)  # fmt: skip
+                self._stop(kill=bool(lost))  # the live ranks would wait for the dead one in a collective
                 self._start()
             return self._exchange(method, args, kwargs)
 
@@ -240,7 +248,7 @@ class ProcessTrainer:
                 proc.wait()
 
 
-def without_final_state(item: Any) -> Any:
+def without_final_state(item: T) -> T:
     """A copy of a run (or of a group's runs) without ``final_state``: the graph's output may hold anything (a
     client, a lock) that does not pickle, and the trainer reads turns, rewards and metadata only."""
     if isinstance(item, TrajectoryGroup):
@@ -278,23 +286,23 @@ def child_threads() -> int:
 # -- the child ---------------------------------------------------------------------------------------------
 def serve(requests: Connection, answers: Connection) -> None:
     """Build the trainer from the first message, then answer calls until the parent closes the pipe."""
-    trainer: Any = None
+    trainer: PolicyTrainer | None = None
     while True:
         try:
             method, args, kwargs = requests.recv()
         except EOFError:
-            if trainer is not None and hasattr(trainer, "ranks") and trainer.ranks.world_size > 1:
-                from langgraph_art.train.ranks import stop_followers
+            from langgraph_art.train.ranks import LeadingTrainer, stop_followers
 
+            if isinstance(trainer, LeadingTrainer):
                 stop_followers(trainer.ranks)
             return
         try:
             if method == "start":
-                trainer = start_trainer(**args[0])
+                trainer = start_trainer(*args)
                 value = None
             else:
                 value = getattr(trainer, method)(*args, **kwargs)
-            answer: tuple[str, Any, int] = ("ok", value, trainer.step_count)
+            answer: tuple[str, Any, int] = ("ok", value, trainer.step_count if trainer is not None else 0)
         except Exception as exc:  # noqa: BLE001 - not swallowed: raised in the parent
             answer = ("error", portable(exc), trainer.step_count if trainer is not None else 0)
         try:
@@ -305,34 +313,28 @@ def serve(requests: Connection, answers: Connection) -> None:
             return
 
 
-def start_trainer(
-    base_model: str,
-    config: GRPOConfig,
-    checkpoint_dir: str,
-    device: str | None,
-    threads: int,
-    chat_template: str | None = None,
-) -> Any:
+def start_trainer(init: TrainerInit, threads: int) -> PolicyTrainer:
     import torch
 
     torch.set_num_threads(threads)
-    init: dict[str, Any] = {"base_model": base_model, "config": config, "checkpoint_dir": checkpoint_dir,
-                            "device": device, "chat_template": chat_template}  # fmt: skip
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # rank 0 of a group: it leads the others
         from langgraph_art.train.ranks import LeadingTrainer, init_ranks
 
-        return LeadingTrainer(init_ranks(), checkpoint_dir, init, build_trainer)
+        return LeadingTrainer(init_ranks(), init["checkpoint_dir"], init, build_trainer)
     return build_trainer(**init)
 
 
-def build_trainer(**init: Any) -> Any:
+def build_trainer(
+    base_model: str, config: GRPOConfig, checkpoint_dir: str, device: str | None, chat_template: str | None
+) -> PolicyTrainer:
     """A ``GRPOTrainer`` on this rank's device, a rank of the group this process joined (rank 0 and the followers
     build the trainers of a group with it)."""
     from langgraph_art.train.ranks import RankGroup, rank_device
     from langgraph_art.train.trainer import GRPOTrainer
 
     # the group this process joined to train (init_ranks), or one rank
-    return GRPOTrainer(**{**init, "device": rank_device(init.get("device"))}, ranks=RankGroup.current())
+    return GRPOTrainer(base_model, config, checkpoint_dir=checkpoint_dir, device=rank_device(device),
+                       chat_template=chat_template, ranks=RankGroup.current())  # fmt: skip
 
 
 def follow_leader() -> None:

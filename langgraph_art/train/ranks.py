@@ -31,11 +31,15 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from langgraph_art.config import GRPOConfig
 from langgraph_art.errors import ConfigError
+from langgraph_art.train.protocol import PolicyTrainer, SFTExample, TrainerInit
+from langgraph_art.types import StepResult, TrajectoryGroup
 
 log = logging.getLogger(__name__)
 RANK_TIMEOUT_S = 600.0  # how long a collective waits for a rank that stopped answering (torch's default: 30 min)
@@ -198,34 +202,39 @@ class LeadingTrainer:
         self,
         ranks: RankGroup,
         key: str,
-        init: dict[str, Any],
-        build: Callable[..., Any],
+        init: TrainerInit,
+        build: Callable[..., PolicyTrainer],
         lock: threading.Lock | None = None,
     ) -> None:
-        """``lock``: shared by every leader of one group (several policies), so their calls never interleave."""
+        """``build(**init)`` makes the trainer on each rank. ``lock``: shared by every leader of one group (several
+        policies), so their calls never interleave."""
         self.ranks, self.key, self._lock = ranks, key, lock or threading.Lock()
         with self._lock:
             ranks.broadcast(("start", key, init))
-            self.trainer = agree(ranks, lambda: build(**init), f"starting the trainer for {key}")
+            self.trainer: PolicyTrainer = agree(ranks, lambda: build(**init), f"starting the trainer for {key}")
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["trainer"], name)
+    @property
+    def step_count(self) -> int:
+        return self.trainer.step_count
 
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    def _call(self, method: str, *args: object, **kwargs: object) -> Any:
         with self._lock:
             self.ranks.broadcast(("call", self.key, (method, args, kwargs)))
             return agree(self.ranks, lambda: getattr(self.trainer, method)(*args, **kwargs), method)
 
-    def step(self, groups: Any) -> Any:
-        return self._call("step", groups)
+    def step(self, groups: Sequence[TrajectoryGroup]) -> StepResult:
+        result: StepResult = self._call("step", groups)
+        return result
 
-    def sft(self, examples: Any, **kwargs: Any) -> Any:
-        return self._call("sft", examples, **kwargs)
+    def sft(self, examples: Sequence[SFTExample], *, steps: int, learning_rate: float | None = None) -> list[float]:
+        losses: list[float] = self._call("sft", examples, steps=steps, learning_rate=learning_rate)
+        return losses
 
-    def save_checkpoint(self) -> Any:
-        return self._call("save_checkpoint")
+    def save_checkpoint(self) -> Path:
+        folder: Path = self._call("save_checkpoint")
+        return folder
 
-    def update_config(self, config: Any) -> None:
+    def update_config(self, config: GRPOConfig) -> None:
         self._call("update_config", config)
 
     def close(self) -> None:
@@ -261,10 +270,10 @@ def stop_followers(ranks: RankGroup) -> None:
     ranks.broadcast(("stop", None, None))
 
 
-def follow(ranks: RankGroup, build: Callable[..., Any]) -> None:
+def follow(ranks: RankGroup, build: Callable[..., PolicyTrainer]) -> None:
     """A rank > 0: build and call trainers as rank 0 says, until it says stop. Errors are agreed on (``agree``)
     and logged here; rank 0's caller gets them."""
-    trainers: dict[str, Any] = {}
+    trainers: dict[str, PolicyTrainer] = {}
     while True:
         kind, key, payload = ranks.broadcast()
         if kind == "stop":
@@ -281,5 +290,7 @@ def follow(ranks: RankGroup, build: Callable[..., Any]) -> None:
             continue
 
 
-def call_trainer(trainers: dict[str, Any], key: str, method: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+def call_trainer(
+    trainers: dict[str, PolicyTrainer], key: str, method: str, args: tuple[object, ...], kwargs: dict[str, object]
+) -> object:
     return getattr(trainers[key], method)(*args, **kwargs)

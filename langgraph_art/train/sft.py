@@ -18,6 +18,7 @@ from langgraph_art.errors import TrainingAborted
 from langgraph_art.train.advantages import Advantages
 from langgraph_art.train.batches import batch_tensors, first_trained_position
 from langgraph_art.train.loss import masked_mean
+from langgraph_art.train.protocol import SFTExample
 from langgraph_art.train.tokenize import TrainSequence, build_sequences
 from langgraph_art.types import Trajectory
 
@@ -50,7 +51,7 @@ def conversation_sequence(tokenizer: Any, conversation: dict[str, Any], max_leng
 
 
 def sft_sequences(
-    tokenizer: Any, examples: Iterable[dict[str, Any] | Trajectory], *, nodes: Sequence[str] | None, max_length: int
+    tokenizer: Any, examples: Iterable[SFTExample], *, nodes: Sequence[str] | None, max_length: int
 ) -> list[TrainSequence]:
     sequences: list[TrainSequence] = []
     trajectories: list[Trajectory] = []

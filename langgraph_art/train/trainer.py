@@ -50,6 +50,7 @@ from langgraph_art.train.batches import (
 from langgraph_art.train.constrained import batch_grammar_masks, grammar_mass, replay_grammars
 from langgraph_art.train.forward import PolicyForward
 from langgraph_art.train.loss import GrammarMasks, policy_loss
+from langgraph_art.train.protocol import SFTExample
 from langgraph_art.train.ranks import RankGroup
 from langgraph_art.train.tokenize import TokenizeReport, TrainSequence, build_sequences
 from langgraph_art.types import StepResult, TrajectoryGroup
@@ -360,7 +361,7 @@ class GRPOTrainer:
 
     def sft(
         self,
-        examples: Sequence[Any],
+        examples: Sequence[SFTExample],
         *,
         steps: int,
         learning_rate: float | None = None,

@@ -74,15 +74,7 @@ def catalog_router(engine: Engine, ready: Callable[[], Any], policies: set[str],
     @router.post("/v1/policies")
     async def register_policy(body: PolicyRegistration) -> dict[str, Any]:
         ready()
-        try:
-            check_served_name(body.name)
-        except ValueError as exc:
-            raise RequestError(
-                f"a policy is 'project/name' or a plain 'name' like 'agent-001': {exc}", "name"
-            ) from None
-        if body.name == engine.base_model:
-            raise RequestError(f"{body.name!r} is the base model's name; a policy needs its own name", "name")
-        policies.add(body.name)
+        add_policy(engine, policies, body.name)
         return {"name": body.name, "serves": resolve_adapter(engine, body.name, policies) or engine.base_model}
 
     @router.get("/v1/adapters")
@@ -112,3 +104,15 @@ def catalog_router(engine: Engine, ready: Callable[[], Any], policies: set[str],
         return {"name": name, "unloaded": True}
 
     return router
+
+
+def add_policy(engine: Engine, policies: set[str], name: str) -> None:
+    """Serve ``name`` (``project/name`` or a plain name) as a trainable model: the base model until its first
+    checkpoint is published. ``RequestError`` naming ``name`` for a name that is not plain or is the base model's."""
+    try:
+        check_served_name(name)
+    except ValueError as exc:
+        raise RequestError(f"a policy is 'project/name' or a plain 'name' like 'agent-001': {exc}", "name") from None
+    if name == engine.base_model:
+        raise RequestError(f"{name!r} is the base model's name; a policy needs its own name", "name")
+    policies.add(name)

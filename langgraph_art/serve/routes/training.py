@@ -14,16 +14,19 @@ and invalid values; malformed groups and examples; 429 when every live trainer i
 from __future__ import annotations
 
 import asyncio
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal, Protocol
 
 from fastapi import APIRouter
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from langgraph_art.config import NAME_PATTERN, GRPOConfig, check_name, served_name
 from langgraph_art.errors import ConfigError, LangGraphArtError, RequestError, ServiceBusyError, TrainingAborted
+from langgraph_art.serve.engines.base import Engine
 from langgraph_art.serve.protocol import Tool, ToolCall
 from langgraph_art.serve.publish import publish, trainer_turn_async
-from langgraph_art.types import ModelRef, Trajectory, TrajectoryGroup
+from langgraph_art.types import ModelRef, StepResult, Trajectory, TrajectoryGroup
 
 Name = Annotated[str, Field(json_schema_extra={"pattern": NAME_PATTERN}), AfterValidator(check_name)]
 MAX_WARMUP_STEPS = 100_000
@@ -71,7 +74,33 @@ class PinRequest(BaseModel):
     step: int = Field(ge=0)
 
 
-def training_router(engine: Any, policies: Any, *, keep_loaded: int = 4) -> APIRouter:
+class PolicyTraining(Protocol):
+    """What the routes need of the trainers: ``train.policies.PolicyRegistry`` (this module never imports it; its
+    caller, ``backends.service.build_service``, passes one in)."""
+
+    def current_step(self, project: str, name: str) -> int: ...
+
+    def latest_checkpoint(self, project: str, name: str) -> Path | None: ...
+
+    def pin(self, project: str, name: str, step: int) -> None: ...
+
+    def step(
+        self, project: str, name: str, groups: Sequence[TrajectoryGroup], config: GRPOConfig | None = None
+    ) -> tuple[StepResult, Path | None]: ...
+
+    def warmup(
+        self,
+        project: str,
+        name: str,
+        examples: Sequence[Trajectory | Mapping[str, object]],
+        *,
+        steps: int,
+        learning_rate: float | None = None,
+        config: GRPOConfig | None = None,
+    ) -> tuple[list[float], int, Path]: ...
+
+
+def training_router(engine: Engine, policies: PolicyTraining, *, keep_loaded: int = 4) -> APIRouter:
     """Routes to mount on the inference app: ``app.include_router(training_router(engine, registry))`` with a
     ``PolicyRegistry`` for the engine's base model."""
     router = APIRouter()
@@ -121,7 +150,7 @@ def training_router(engine: Any, policies: Any, *, keep_loaded: int = 4) -> APIR
 
     @router.post("/v1/train/{policy}/warmup")
     async def warmup(policy: str, body: WarmupRequest) -> Any:
-        examples: list[Any] = [e.model_dump(exclude_none=True) for e in body.examples]
+        examples: list[Trajectory | Mapping[str, object]] = [e.model_dump(exclude_none=True) for e in body.examples]
         examples += body.trajectories
         if not examples:
             raise RequestError("examples: give at least one conversation (or trajectories)", "examples")
