@@ -5,7 +5,9 @@ The names here are the workflow: capture runs of your graph (``ChatART``, ``roll
 evaluate; the data they pass (``Trajectory``, ``TrajectoryGroup``, ``TrajectoryStore``); the extension points
 (``Backend``, ``Sink``, ``RewardSource``); and the errors a caller handles. The parts of a trajectory are in
 ``langgraph_art.types``, every error in ``langgraph_art.errors``, the inference service (engines, the app, the
-embedded server) in ``langgraph_art.serve``, test helpers and the tiny models in ``langgraph_art.testing``.
+embedded server) in ``langgraph_art.serve``, the offline tiny models in ``langgraph_art.models.tiny``
+(``tiny_model()``), and what the tests share (a weather tool and its adapter, small graphs, ``FakeBackend``) in
+``langgraph_art.testing``.
 
 ``import langgraph_art`` stays light (no torch, transformers, peft, vllm, fastapi or langfuse): the heavy parts load
 on first use of the names below.
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from langgraph_art.errors import (
     ConfigError,
     LangGraphArtError,
+    ModelNotFoundError,
     RewardError,
     RolloutError,
     ServiceBusyError,
@@ -106,6 +109,7 @@ __all__ = [
     "GRPOConfig",
     "LangGraphArtError",
     "LocalBackend",
+    "ModelNotFoundError",
     "RayRollouts",
     "RemoteBackend",
     "RewardError",

@@ -179,6 +179,10 @@ class Trajectory(BaseModel):
         """Spans whose parent is ``span_id`` (``None``: the top-level nodes)."""
         return [s for s in self.spans if s.parent_id == span_id]
 
+    def sampled_tokens(self) -> int:
+        """Tokens this run's model calls sampled (what it cost, whether or not it is trained on)."""
+        return sum(len(turn.token_ids) for turn in self.turns())
+
     def turns(self, nodes: Iterable[str] | None = None) -> list[Turn]:
         """Every turn in call order; only those made in the named nodes when ``nodes`` is given."""
         wanted = set(nodes) if nodes is not None else None

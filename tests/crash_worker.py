@@ -2,7 +2,9 @@
 
 Each step stores its group in the store (prints ``stored <i>`` after the commit), trains (prints ``in-step <n>``
 from inside the step when asked to dwell there) and saves a checkpoint (prints ``writing <n>`` mid-write when
-asked to dwell there, ``saved <n>`` after). On start it prints ``resumed <step>``.
+asked to dwell there, ``saved <n>`` after). On start it prints ``resumed <step>``. Having done STEPS steps it
+writes ``final.pt`` in DIR straight from memory (not through the checkpoint code under test): per LoRA parameter, in
+the optimizer's order, the tensor and AdamW's ``exp_avg``, ``exp_avg_sq`` and ``step``.
 A dwell is a 30 s sleep after its line: the scenario (a process caught mid-step or mid-write), not a wait; the test
 kills the process when it reads the line, so nothing depends on how long the dwell is.
 """
@@ -90,6 +92,11 @@ def main() -> None:
         trainer.step([g])
         trainer.save_checkpoint()
         print(f"saved {trainer.step_count}", flush=True)
+    final = [
+        {"param": p.detach().clone(), **{k: v.clone() for k, v in trainer.optimizer.state[p].items()}}
+        for p in trainer.trainable_parameters()
+    ]
+    torch.save(final, root / "final.pt")
     sys.exit(0)
 
 

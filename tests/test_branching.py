@@ -2,6 +2,8 @@
 
 The model is the embedded tiny service with the weather adapter (``weather@1``: it calls ``get_weather``, then
 answers from the result: two decisions a run); the backend is the fake one (it records the groups it is given).
+The last test trains for real (``LocalBackend``, the tiny model sampling at temperature 1): the branch groups are
+counted among the trained sequences and the LoRA moves.
 """
 
 from __future__ import annotations
@@ -361,3 +363,84 @@ def test_bad_branching_settings_say_what_to_change(llm: art.ChatART) -> None:
     with pytest.raises(art.ConfigError, match="rollouts=None"):
         art.Trainer(counting_graph(), art.TrainableModel(name="x", project="y").register(FakeBackend(Path("/tmp"))),
                     rewards=[answer_length], branching=Branching(), rollouts=art.RayRollouts(1))  # fmt: skip
+
+
+# -- a real trainer: the embedded LocalBackend on the tiny model, sampling at temperature 1 -------------------------
+
+
+def two_decisions_graph(llm: art.ChatART) -> Any:
+    """``think`` answers, ``judge`` asks for more, ``think`` answers again: two sampled decisions a run."""
+
+    def think(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [llm.invoke(state["messages"])]}
+
+    def judge(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [HumanMessage("Say more.")]}
+
+    graph = StateGraph(MessagesState)
+    graph.add_node("think", think)
+    graph.add_node("judge", judge)
+    graph.add_edge(START, "think")
+    graph.add_conditional_edges("think", lambda s: "__end__" if len(s["messages"]) >= 4 else "judge")
+    graph.add_edge("judge", "think")
+    return graph.compile()
+
+
+@art.reward
+def visible_characters(state: Any) -> float:
+    """Non-blank characters of the last answer: the untrained tiny model often answers only newlines (0), and
+    otherwise anything from 5 to 50 (measured at 16 tokens: a quarter of the answers are blank)."""
+    return float(len("".join(str(state["messages"][-1].content).split())))
+
+
+@pytest.mark.integration
+def test_a_real_trainer_trains_on_the_branch_groups(tmp_path: Path, tokenizer: Any) -> None:
+    """Sampled at temperature 1, the continuations' answers (and so their rewards) differ; the step's record counts
+    their sequences among the trained ones and the LoRA moves. A trainer or loop that dropped the branch groups would
+    train on the whole runs alone and fail here (the fake-backend tests above cannot tell)."""
+    from safetensors.torch import load_file
+
+    from langgraph_art.train import checkpoint
+    from langgraph_art.train.advantages import group_advantages
+
+    with art.LocalBackend(home=tmp_path) as backend:
+        model = art.TrainableModel(name="branchy", project="branching").register(backend)
+        llm = art.ChatART(model=model, temperature=1.0, max_tokens=16)  # unseeded: the continuations differ
+        settings = Branching(groups_per_step=2, num_generations=4, seed=0)
+        trainer = art.Trainer(two_decisions_graph(llm), model, rewards=[visible_characters], num_generations=2,
+                              branching=settings, langfuse=False)  # fmt: skip
+        sent: list[list[art.TrajectoryGroup]] = []
+        train_step = backend.train_step
+
+        def recording_train_step(*args: Any, **kwargs: Any) -> Any:  # what the loop hands the trainer
+            sent.append(list(args[1]))
+            return train_step(*args, **kwargs)
+
+        backend.train_step = recording_train_step  # type: ignore[method-assign]
+        metrics = trainer.train_step([{"id": "hi", "input": {"messages": [("user", "Hello!")]}}])
+        folder = checkpoint.step_dir(backend.checkpoint_dir(model), 1)
+        lora = load_file(folder / "adapter_model.safetensors") if folder.is_dir() else {}
+
+    (groups,) = sent
+    whole = [g for g in groups if "branch" not in g.metadata]
+    branches = [g for g in groups if "branch" in g.metadata]
+    assert len(whole) == 1 and len(branches) == metrics["branch/groups"] == 2  # one fork point in each whole run
+    assert metrics["branch/runs"] == 8
+    spread = [g for g in branches if len({t.reward for t in g.completed()}) > 1]
+    # temperature 1: the answers differ (all 4 blank in both groups: ~(1/4)^8, once in 65,000 runs)
+    assert spread, [[t.reward for t in g.trajectories] for g in branches]
+
+    # trained on: each continuation made one decision (one sequence); the whole runs' sequences as the trainer
+    # builds them; the record counts both
+    continuations = [t for g in spread for t in g.completed()]
+    assert all(len(t.trainable_turns()) == 1 for t in continuations)
+    whole_runs = [t for g in whole for t in g.completed()]
+    whole_sequences = build_sequences(whole_runs, group_advantages(whole), tokenizer)
+    assert metrics["train/updated"] == 1 and metrics["step"] == 1
+    assert metrics["train/sequences"] == len(whole_sequences) + len(continuations), metrics
+    assert metrics["train/tokens"] >= sum(len(t.trainable_turns()[0].token_ids) for t in continuations)
+    assert any(t.metadata.get("advantage") for t in continuations)  # the trainer's advantages, not zero
+
+    # the update moved the LoRA: peft starts lora_B at zero, the step-1 checkpoint's is not
+    b_weights = [w for name, w in lora.items() if "lora_B" in name]
+    assert b_weights and any(w.abs().max() > 0 for w in b_weights)

@@ -1,5 +1,6 @@
 """SIGKILL the trainer during a step and during a checkpoint write: a restart resumes from the last good step
-and the store has lost no trajectory."""
+and the store has lost no trajectory, and the run ends where an uninterrupted one ends: the same LoRA and the same
+AdamW moments (a resume that restarted the optimizer, or lost its step count, would not)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from langgraph_art.store import TrajectoryStore
 from langgraph_art.train import checkpoint
@@ -54,6 +56,19 @@ def finish(folder: Path, steps: int) -> list[str]:
     return out.stdout.split("\n")
 
 
+def assert_same_training_state(resumed: Path, uninterrupted: Path) -> None:
+    """The workers' ``final.pt``: per LoRA parameter, the tensor and AdamW's exp_avg, exp_avg_sq and step."""
+    got, want = torch.load(resumed / "final.pt"), torch.load(uninterrupted / "final.pt")
+    assert len(got) == len(want) > 0
+    for i, (a, b) in enumerate(zip(got, want, strict=True)):
+        assert a.keys() == b.keys() == {"param", "exp_avg", "exp_avg_sq", "step"}, (i, a.keys())
+        assert float(a["step"]) == float(b["step"]) == 6, (i, a["step"], b["step"])
+        assert b["exp_avg_sq"].abs().max() > 0, i  # the moments compared are not trivially zero
+        for key in ("param", "exp_avg", "exp_avg_sq"):
+            # the same ops on the same numbers: equal up to float noise (a restarted optimizer is off by ~100%)
+            torch.testing.assert_close(a[key], b[key], rtol=1e-5, atol=1e-8, msg=f"parameter {i}: {key} differs")
+
+
 def test_kill_during_a_step_and_during_a_checkpoint_write(tmp_path: Path) -> None:
     printed = run_until(tmp_path, 6, "in-step 3", "--slow-step", "3")
     assert "saved 2" in printed and checkpoint.list_steps(tmp_path / "ckpt") == [1, 2]
@@ -73,3 +88,7 @@ def test_kill_during_a_step_and_during_a_checkpoint_write(tmp_path: Path) -> Non
     # every group ever stored is there once: re-run steps upsert the same ids instead of duplicating
     assert store.count() == 4 * 6
     assert sorted({t.group_id for t in store.trajectories()}) == [f"g{i}" for i in range(6)]
+
+    (tmp_path / "uninterrupted").mkdir()
+    assert "saved 6" in finish(tmp_path / "uninterrupted", 6)
+    assert_same_training_state(tmp_path, tmp_path / "uninterrupted")

@@ -15,6 +15,7 @@ import pytest
 
 import langgraph_art as art
 from langgraph_art.backends import remote
+from langgraph_art.backends.service import build_service
 from langgraph_art.errors import (
     HTTP_ERRORS,
     ConfigError,
@@ -25,8 +26,6 @@ from langgraph_art.errors import (
     http_row,
 )
 from langgraph_art.serve.embedded import EmbeddedServer
-from langgraph_art.serve.routes.training import training_router
-from langgraph_art.train.policies import PolicyRegistry
 from langgraph_art.types import NodeSpan, Trajectory, TrajectoryGroup, Turn
 from tests.helpers import free_port, serving
 
@@ -66,12 +65,10 @@ def exploding_group() -> TrajectoryGroup:
 
 @pytest.fixture(scope="module")
 def service(tiny_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    server = EmbeddedServer(str(tiny_path), served_name="tiny")
-    policies = PolicyRegistry(str(tiny_path), tmp_path_factory.mktemp("service"))
-    server.app.include_router(training_router(server.engine, policies))
-    with server:
+    service = build_service(str(tiny_path), home=tmp_path_factory.mktemp("service"), served_name="tiny")
+    with EmbeddedServer(app=service.app) as server:
         yield server.base_url
-    policies.close()
+    service.close()
 
 
 def local_and_remote(service: str, tmp_path: Path, name: str) -> Iterator[tuple[Any, art.TrainableModel]]:
@@ -118,12 +115,14 @@ def test_a_busy_service_is_waited_for_by_its_retry_after_then_raised(
         def save_checkpoint(self) -> Path:
             return tmp_path
 
+        def close(self) -> None:
+            pass  # holds nothing
+
     async def no_publish(*args: Any, **kwargs: Any) -> None:
         return None
 
-    server = EmbeddedServer(str(tiny_path), served_name="tiny")
-    policies = PolicyRegistry(str(tiny_path), tmp_path, max_trainers=1, trainer_factory=Slow)
-    server.app.include_router(training_router(server.engine, policies))
+    service = build_service(str(tiny_path), home=tmp_path, served_name="tiny", max_trainers=1, trainer_factory=Slow)
+    server = EmbeddedServer(app=service.app)
     server.engine.load_adapter = no_publish  # type: ignore[method-assign]
     answers: list[float | None] = []
 
@@ -150,7 +149,7 @@ def test_a_busy_service_is_waited_for_by_its_retry_after_then_raised(
         assert patient.warmup(model, HELLO, steps=1) == [1.0]  # waited, asked again, got the slot
         first.join(60)
     assert answers[0] == 5.0  # the service's retry-after for a 429
-    policies.close()
+    service.close()
 
 
 @pytest.mark.slow

@@ -177,3 +177,23 @@ def test_tiny_model_as_judge_fails_cleanly(server: Any, tmp_path: Path) -> None:
     assert skip.usage["calls"] == 2 and skip.usage["output_tokens"] > 0
     with pytest.raises(RewardError, match="no usable verdict"):
         score_groups([group()], [art.RulerJudge(llm, max_retries=0, cache=False)])
+
+
+def test_a_trainers_judge_caches_under_its_backends_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cache lives with the model's other data (``LocalBackend(home=...)``), not under ``LANGGRAPH_ART_HOME``;
+    a ``cache_dir`` you give is kept."""
+    from langgraph_art.testing import FakeBackend, echo_graph
+
+    monkeypatch.setenv("LANGGRAPH_ART_HOME", str(tmp_path / "env-home"))
+    home = tmp_path / "backend-home"
+    model = art.TrainableModel(name="judged", project="judge").register(FakeBackend(home))
+    scenario = {"id": "q", "input": {"messages": [("user", "hi")]}}
+    for ruler, cache in (
+        (art.RulerJudge(ScriptedJudge(replies=[verdict(("t1", 0.2), ("t2", 0.9))])), home / "judge-cache"),
+        (judge(tmp_path, verdict(("t1", 0.2), ("t2", 0.9))), tmp_path / "cache"),
+    ):
+        trainer = art.Trainer(echo_graph(), model, rewards=[ruler], num_generations=2, langfuse=False)
+        metrics = trainer.train_step([scenario])
+        assert metrics["reward/mean"] == pytest.approx(0.55) and ruler.usage["calls"] == 1
+        assert ruler.cache_dir == cache and len(list(cache.glob("*.json"))) == 1
+    assert not (tmp_path / "env-home" / "judge-cache").exists()

@@ -96,6 +96,48 @@ def test_num_generations_is_said_in_one_place(tmp_path: Path) -> None:
         art.Trainer(graph, model, rewards=[by_generation], num_generations=1, langfuse=False)
 
 
+def test_every_invalid_grpo_config_is_a_config_error_naming_the_field_and_the_fix() -> None:
+    """A bad value, a wrong type and an unknown field: ``ConfigError`` (not pydantic's ValidationError), as
+    ``Trainer(num_generations=1)`` raises; from the constructor, ``model_validate`` and ``model_copy(update=...)``."""
+    from pydantic import BaseModel, ValidationError
+
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"num_generations": 1}, r"num_generations=1: GRPO compares runs of one scenario; use >= 2"),
+        ({"loss_type": "gspo"}, r"epsilon=3e-4"),
+        ({"learning_rate": 2.0}, r"learning_rate=2\.0: use a small positive value"),
+        ({"learning_rate": "fast"}, r"learning_rate='fast': .*number.*AdamW's learning rate"),
+        ({"lora_r": 2.5}, r"lora_r=2\.5: .*integer.*LoRA rank"),
+        ({"loss_type": "ppo"}, r"loss_type='ppo': .*'grpo', 'dr_grpo', 'bnpo', 'cispo' or 'gspo'"),
+        ({"lr": 1e-3}, r"lr: unknown field; did you mean learning_rate\?"),
+        ({"num_generatons": 4}, r"num_generatons: unknown field; did you mean num_generations\?"),
+    ]
+    base = art.GRPOConfig(learning_rate=1e-3)
+    for fields, message in cases:
+        for make in (art.GRPOConfig.model_validate, lambda f: art.GRPOConfig(**f), lambda f: base.model_copy(update=f)):
+            with pytest.raises(art.ConfigError, match=f"^invalid GRPOConfig: .*{message}") as caught:
+                make(fields)
+            assert not isinstance(caught.value, ValidationError) and caught.value.__cause__ is None, fields
+    both = r"learning_rate=0\.0: .*; lora_r=0, lora_alpha=16: both must be >= 1"  # every problem, in one message
+    with pytest.raises(art.ConfigError, match=both):
+        art.GRPOConfig(learning_rate=0.0, lora_r=0)
+    with pytest.raises(art.ConfigError, match=r"max_length='long': .*; lr: unknown field"):
+        art.GRPOConfig(max_length="long", lr=1)  # type: ignore[arg-type, call-arg]
+    # valid updates still copy: the new value validated (and coerced), the fields chosen before kept as chosen
+    copied = base.model_copy(update={"num_iterations": "2"})
+    assert copied.num_iterations == 2 and copied.learning_rate == 1e-3
+    assert copied.model_fields_set == {"learning_rate", "num_iterations"}
+    assert art.GRPOConfig.model_validate_json('{"lora_r": 4}').lora_r == 4
+    with pytest.raises(art.ConfigError, match="lora_r=0"):
+        art.GRPOConfig.model_validate_json('{"lora_r": 0}')
+
+    class Request(BaseModel):  # as a field of another model (the training routes' requests): that model's error,
+        config: art.GRPOConfig  # with the field's place in it (the service answers 400, param config.lr)
+
+    with pytest.raises(ValidationError) as nested:
+        Request.model_validate({"config": {"lr": 1e-3}})
+    assert [e["loc"] for e in nested.value.errors()] == [("config", "lr")]
+
+
 def test_a_run_whose_output_is_not_a_terminal_logs_one_plain_line_per_step(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -68,20 +68,37 @@ class Branching:
     """How a ``Trainer`` step branches (``Trainer(..., branching=art.Branching(groups_per_step=4))``).
 
     Each step first runs its whole-run groups (``scenarios_per_step`` x ``num_generations``), then picks
-    ``groups_per_step`` fork points inside those runs and resumes ``num_generations`` continuations from each.
+    ``groups_per_step`` fork points inside those runs and resumes ``num_generations`` continuations from each: they
+    share everything before the fork, so their group-relative advantage measures the decision made there. Among the
+    candidates left by ``nodes``, ``every`` and ``rule``, the points are drawn at random (``seed``), one run at a
+    time, so they spread over the step's runs.
 
-    - ``nodes``: the nodes whose decisions may be re-sampled (None: every node that made a trainable ChatART call
-      in the run). A fork point is a checkpoint where such a node runs next.
-    - ``every``: only the k-th, 2k-th, ... decision of a run (depth 1 is the second decision: depth 0, the first,
-      is what a whole-run group already compares).
-    - ``rule``: your own filter, ``rule(point: ForkPoint) -> bool`` (``point.state`` is the checkpoint's values).
-    - Among the candidates left, the points are drawn at random (``seed``), one run at a time, so they spread over
-      the step's runs.
-    - ``num_generations``: continuations per point (None: the trainer's ``num_generations``).
-    - ``train_whole_runs``: False keeps the whole runs as parents only (stored, scored, not trained on).
-    - ``checkpointer``: used when the graph has none (None: an ``InMemorySaver``); a graph with its own keeps it.
-      ``delete_threads``: delete each step's threads from the checkpointer after branching (None: only from the
-      one the trainer supplied; your own keeps the threads, named ``art-<run>``).
+    Args:
+        groups_per_step: Branch groups each step (>= 1).
+        nodes: The nodes whose decisions may be re-sampled (None: every node that made a trainable ChatART call in
+            the run). A fork point is a checkpoint where such a node runs next.
+        every: Only the k-th, 2k-th, ... decision of a run (depth 1 is the second decision: depth 0, the first, is
+            what a whole-run group already compares).
+        rule: Your own filter, ``rule(point: ForkPoint) -> bool`` (``point.state`` is the checkpoint's values,
+            ``point.depth``, ``point.node``, ``point.step``).
+        num_generations: Continuations per point (>= 2; None: the trainer's ``num_generations``).
+        train_whole_runs: False keeps the whole runs as parents only (stored, scored, not trained on).
+        seed: Seeds the draw of fork points (None: a fresh draw each run).
+        checkpointer: Used when the graph has none (None: an ``InMemorySaver``); a graph with its own keeps it.
+            Either must be an async saver (runs are made with ``ainvoke``; ``SqliteSaver`` is refused, see
+            ``check_checkpointer``).
+        delete_threads: Delete each step's threads from the checkpointer after branching, and each evaluation's
+            runs' threads after it (None: only from the one the trainer supplied; your own keeps the threads,
+            named ``art-<run>``).
+
+    Raises:
+        ConfigError: A value out of range, with what to use.
+
+    Example:
+        ```python
+        trainer = art.Trainer(graph, model, rewards=[game_result],
+                              branching=art.Branching(groups_per_step=2, nodes=["agent"], every=2))
+        ```
     """
 
     groups_per_step: int = 4
@@ -161,11 +178,8 @@ def _decisions(run: Trajectory) -> list[tuple[float, str]]:
 
 
 async def _history(pregel: Any, thread_id: str) -> list[Any]:
-    config = {"configurable": {"thread_id": thread_id}}
-    try:
-        return [s async for s in pregel.aget_state_history(config)]
-    except NotImplementedError:  # a sync-only checkpointer (SqliteSaver)
-        return await asyncio.to_thread(lambda: list(pregel.get_state_history(config)))
+    """The thread's checkpoints, newest first (the saver's async list: ``check_checkpointer(history=True)``)."""
+    return [s async for s in pregel.aget_state_history({"configurable": {"thread_id": thread_id}})]
 
 
 async def acandidates(graph: Runnable, run: Trajectory, settings: Branching) -> list[ForkPoint]:
@@ -283,13 +297,39 @@ async def abranch(
         scenarios = {g.scenario_id or "": g.scenario for g in groups}
         return await abranch_groups(graph, points, scenarios, num_generations, **kwargs)
     finally:
-        if settings.delete_threads or (settings.delete_threads is None and own_checkpointer):
+        if deletes_threads(settings, own_checkpointer):
             await adelete_threads(graph, [t for g in groups for t in g.trajectories])
 
 
+def branch_metrics(groups: Sequence[TrajectoryGroup], reward_mean: float) -> dict[str, float]:
+    """A step's ``branch/*`` metrics: how many groups and continuations, where they forked, what they scored
+    (``reward_mean``: their runs' mean weighted reward) and sampled."""
+    depths = [g.metadata["branch"]["depth"] for g in groups]
+    scored = any(g.completed() for g in groups)
+    return {
+        "branch/groups": float(len(groups)),
+        "branch/runs": float(sum(len(g.trajectories) for g in groups)),
+        "branch/depth_mean": sum(depths) / len(depths) if depths else float("nan"),
+        "branch/reward/mean": reward_mean if scored else float("nan"),
+        "branch/sampled_tokens": float(sum(t.sampled_tokens() for g in groups for t in g.trajectories)),
+    }
+
+
+def deletes_threads(settings: Branching | None, own_checkpointer: bool) -> bool:
+    """Whether a trainer deletes its runs' threads (a step's, and its evaluations'): ``settings.delete_threads``,
+    by default only from the checkpointer the trainer supplied (``own_checkpointer``); never without branching."""
+    if settings is None:
+        return False
+    return bool(settings.delete_threads or (settings.delete_threads is None and own_checkpointer))
+
+
 async def adelete_threads(graph: Runnable, runs: Iterable[Trajectory]) -> None:
-    """Delete the checkpoints of ``runs``' threads (continuations forked on them included)."""
-    saver = find_pregel(graph).checkpointer
+    """Delete the checkpoints of ``runs``' threads (continuations forked on them included); nothing for a graph
+    without a checkpointer."""
+    pregel = find_pregel(graph)
+    saver = pregel.checkpointer if pregel is not None else None
+    if saver in (None, False, True):
+        return
     for thread_id in {run.metadata.get("thread_id") for run in runs} - {None}:
         try:
             await saver.adelete_thread(thread_id)

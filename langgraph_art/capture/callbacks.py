@@ -67,8 +67,22 @@ class _Run:
 class TrajectoryCallbackHandler(BaseCallbackHandler):
     """Capture every run of a graph as a ``Trajectory``; pass it in ``config={"callbacks": [handler]}``.
 
-    Finished trajectories are in ``trajectories`` (assembled when read). One handler may serve many concurrent
-    runs. Give it ChatART recorders (``recorders=[llm.recorder]``) to also adopt calls that callbacks never saw.
+    Finished trajectories are in ``trajectories`` (assembled when read; ``take()`` returns and forgets them). One
+    handler may serve many concurrent runs. It never raises into your graph: its own errors are counted in
+    ``errors`` and logged. ``Trainer`` and ``gather_groups`` use one for you; this is for capturing runs outside
+    training (production traffic, a dataset).
+
+    Args:
+        recorders: ChatART recorders (``model.recorder``, shared by every ChatART of a model, or
+            ``llm.recorder``) whose calls the handler adopts when LangChain's callbacks never saw them (a node's own
+            thread pool).
+
+    Example:
+        ```python
+        handler = art.TrajectoryCallbackHandler(recorders=[model.recorder])
+        graph.invoke({"messages": [("user", "hi")]}, {"callbacks": [handler]})
+        trajectory = handler.trajectories[0]   # its node spans, turns (token ids, logprobs) and tool calls
+        ```
     """
 
     run_inline = True  # called in the caller's thread/loop: ordering is exact and nothing is queued

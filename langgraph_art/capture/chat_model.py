@@ -46,12 +46,45 @@ class ChatART(ChatOpenAI):
     ``ChatART(model=trainable_model)`` serves the trainable model's current policy (its latest checkpoint);
     ``ChatART(base_url="http://host:8000/v1", model="agent@12")`` talks to any OpenAI-compatible server and pins
     a checkpoint. Everything ChatOpenAI supports keeps working: ``bind_tools``, ``with_structured_output``,
-    ``invoke``/``ainvoke``/``stream``/``astream``/``batch``, retries and callbacks.
+    ``invoke``/``ainvoke``/``stream``/``astream``/``batch``, retries and callbacks. Every call asks for logprobs and
+    token ids and is recorded, so a ``Trainer`` (or a ``TrajectoryCallbackHandler``) can train on it.
+    ``with_step(12)`` pins a checkpoint, ``with_step(None)`` follows the latest again.
+
+    Args:
+        model: A ``TrainableModel`` registered with a backend (its URL, key and served name come from there), or a
+            served name: ``"project/name"`` (the latest checkpoint), ``"project/name@12"``, a base model's name.
+        base_url: The server, ``http://host:8000/v1`` (with a ``TrainableModel``: its backend's; else
+            ``$LANGGRAPH_ART_BASE_URL`` or ``$OPENAI_BASE_URL``).
+        api_key: The server's key (with a ``TrainableModel``: its backend's; else ``$LANGGRAPH_ART_API_KEY``,
+            ``$OPENAI_API_KEY``, or any value for a server started without one).
+        temperature: Sampling temperature (the field's default is ChatART's own; None sends none, and the server
+            samples at 1.0).
+        max_tokens: Tokens per answer at most (None: up to the end of the context).
+        trainable: False records this model's calls as context only (never trained on): a judge or a helper
+            model inside the graph.
+        recorder: ChatART's own log of its calls (with a ``TrainableModel``: the model's ``recorder``, shared by all
+            its ChatARTs); a ``TrajectoryCallbackHandler(recorders=[...])`` adopts calls callbacks never saw.
+        base_urls: Several servers of the same policy (replicas, e.g. ``RemoteBackend(replicas=[...])``): calls go
+            to each in turn, and one that refuses the connection is skipped; ``base_url`` is the first.
+        **kwargs: Any other ``ChatOpenAI`` argument (``max_retries``, ``timeout``, ``top_p``, ``stop``...).
+
+    Raises:
+        ConfigError: Nowhere to send the calls (no ``base_url``, no backend), or a ``model`` of another type.
+
+    Example:
+        ```python
+        llm = art.ChatART(model=model, max_tokens=256)   # the latest checkpoint of a TrainableModel
+        graph = create_agent(model=llm, tools=[get_weather])
+        pinned = llm.with_step(12)                       # checkpoint 12, served as "project/name@12"
+        ```
     """
 
     use_responses_api: bool | None = False
     logprobs: bool | None = True
     stream_usage: bool | None = True
+    temperature: float | None = 0.7
+    """Sampling temperature; 0.7, not the server's 1.0 (ChatOpenAI's None): at 1.0 a small model's tool arguments
+    are noise and GRPO learns little (benchmarks/README.md, issue 35). None sends none: the server's default."""
     trainable: bool = True
     """False records this model's calls as context only (never trained on)."""
     recorder: TurnRecorder | None = Field(default_factory=TurnRecorder, exclude=True)

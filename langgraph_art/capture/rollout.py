@@ -7,11 +7,14 @@ and excluded from training (``TrajectoryGroup.completed()``); the rest of its gr
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import functools
 import hashlib
 import inspect
 import json
 import logging
+import textwrap
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -123,6 +126,57 @@ def find_pregel(graph: Any) -> Any:
     return graph if isinstance(graph, Pregel) else None
 
 
+ASYNC_SAVER_METHODS = ("aget_tuple", "aput", "aput_writes")  # what graph.ainvoke calls on a checkpointer
+HISTORY_METHODS = ("alist",)  # what resuming after interrupts and branching's state history call besides
+
+
+def check_checkpointer(graph: Any, *, history: bool = False) -> None:
+    """Runs are made with ``graph.ainvoke``: a graph whose checkpointer has no async methods (``SqliteSaver``: they
+    raise NotImplementedError) would fail every run. Refuse it up front with the async saver to compile with
+    instead. ``history``: the async listing is needed too (``resume``, branching). A graph without a checkpointer,
+    or not a compiled LangGraph graph, passes."""
+    pregel = find_pregel(graph)
+    saver = getattr(pregel, "checkpointer", None)
+    if saver in (None, False, True):  # none, or a subgraph's "use the parent's"
+        return
+    kind: type = type(saver)
+    needed = (*ASYNC_SAVER_METHODS, *(HISTORY_METHODS if history else ()))
+    missing = [name for name in needed if _not_implemented(kind, name)]
+    if missing:
+        name = kind.__name__
+        raise ConfigError(
+            f"the graph's checkpointer, {name}, has no async {'/'.join(missing)} (they raise NotImplementedError), "
+            "and runs are made with graph.ainvoke: compile the graph with an async saver, AsyncSqliteSaver "
+            "(langgraph.checkpoint.sqlite.aio), AsyncPostgresSaver (langgraph.checkpoint.postgres.aio) or "
+            "InMemorySaver, or without one. An AsyncSqliteSaver is made in async code: `async with "
+            "AsyncSqliteSaver.from_conn_string('checkpoints.db') as saver:`, then `graph = "
+            "builder.compile(checkpointer=saver)` and `await trainer.atrain(...)` inside that block. (The sync "
+            f"art.rollout(...) can use {name}.)"
+        )
+
+
+@functools.cache
+def _not_implemented(cls: type, name: str) -> bool:
+    """Whether ``cls.<name>`` is missing or its body is only ``raise NotImplementedError(...)`` (after a docstring;
+    an async generator's unreachable ``yield`` aside): how ``BaseCheckpointSaver`` declares its async methods and
+    ``SqliteSaver`` overrides them. A method whose source cannot be read is taken as implemented."""
+    method = getattr(cls, name, None)
+    if method is None:
+        return True
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(inspect.unwrap(method))))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    function = tree.body[0] if tree.body else None
+    if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+        return False
+    body = [s for s in function.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant | ast.Yield))]
+    if len(body) != 1 or not isinstance(body[0], ast.Raise) or body[0].exc is None:
+        return False
+    raised = body[0].exc.func if isinstance(body[0].exc, ast.Call) else body[0].exc
+    return isinstance(raised, ast.Name) and raised.id == "NotImplementedError"
+
+
 async def _alatest(graph: Runnable, config: Mapping[str, Any], run_key: str) -> Any:
     """The config of this run's latest checkpoint on its thread (runs forked on one thread are told apart by
     the run key that LangGraph copies from the run's metadata into each checkpoint's)."""
@@ -131,15 +185,9 @@ async def _alatest(graph: Runnable, config: Mapping[str, Any], run_key: str) -> 
         raise ConfigError("resume=... needs a compiled LangGraph graph with a checkpointer (interrupt() needs one "
                           "too): graph.compile(checkpointer=InMemorySaver())")  # fmt: skip
     thread = {"configurable": {"thread_id": config["configurable"]["thread_id"]}}
-    latest = None
-    try:
-        async for item in pregel.checkpointer.alist(thread, filter={"langgraph_art_run": run_key}, limit=1):
-            latest = item
-    except NotImplementedError:  # a sync-only checkpointer
-        found = await asyncio.to_thread(
-            lambda: list(pregel.checkpointer.list(thread, filter={"langgraph_art_run": run_key}, limit=1))
-        )
-        latest = found[0] if found else None
+    latest = None  # the saver has an async list: check_checkpointer(history=True) made sure
+    async for item in pregel.checkpointer.alist(thread, filter={"langgraph_art_run": run_key}, limit=1):
+        latest = item
     if latest is None:
         raise ConfigError(f"no checkpoint of run {run_key} on thread {thread['configurable']['thread_id']}")
     return {**config, "configurable": {**config["configurable"], **latest.config["configurable"]}}
@@ -211,7 +259,11 @@ async def arollout(
     ``resume``: for graphs that call ``interrupt()``: a run that stops at interrupts is resumed, as LangGraph
     resumes it, with ``Command(resume=resume(interrupts, state))`` (``interrupts``: the output's
     ``__interrupt__`` list; sync or async) until it ends; one trajectory holds every part. None: the run ends
-    ``interrupted``."""
+    ``interrupted``.
+
+    A graph whose checkpointer has no async methods (``SqliteSaver``) is a ConfigError before the run (the sync
+    ``rollout`` can use it)."""
+    check_checkpointer(graph, history=resume is not None)
     handler = TrajectoryCallbackHandler(recorders=recorders)
     meta = _metadata(metadata)
     run_config = _run_config(config, handler, meta)
@@ -275,6 +327,7 @@ async def agather_groups(
     if on_failure not in ("keep", "raise"):
         raise ConfigError(f"on_failure must be 'keep' or 'raise', got {on_failure!r}")
     check_gather(scenarios, num_generations, max_concurrency)
+    check_checkpointer(graph, history=resume is not None)
     recorders = list(recorders)
     limit = asyncio.Semaphore(max_concurrency)
     groups = new_groups(scenarios, metadata)

@@ -1,7 +1,8 @@
 """Apply every reward to groups of runs and combine: weighted total, named sub-scores, per-node rewards, metrics.
 
 Anything with ``name``, ``weight``, ``node`` and ``async ascore_group(group) -> {id: Score}`` is a reward source:
-``@reward`` functions and judges alike (``rewards=[fn, judge]``).
+``@reward`` functions and judges alike (``rewards=[fn, judge]``). A source that keeps files (a judge's cache) may
+have ``use_home(home)``: ``Trainer`` calls it with its backend's home (``place_caches``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import logging
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from langgraph_art.errors import LangGraphArtError
@@ -46,6 +48,27 @@ class RewardReport:
     all_abstained: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     skipped_groups: dict[str, str] = field(default_factory=dict)
+
+    def summary(self, groups: Sequence[TrajectoryGroup]) -> dict[str, float]:
+        """The reward metrics a step (or, under ``eval/``, an evaluation) records for the ``groups`` scored:
+        ``reward/mean`` and ``reward/std`` of the runs' weighted totals, ``runs/failed``, and the per-reward means
+        and counts (``reward/<name>``, ``reward/runs_scored``, ...)."""
+        scored = dict(self.metrics)
+        return {
+            "reward/mean": scored.pop("reward/total", float("nan")),
+            "reward/std": scored.pop("reward/total_std", float("nan")),
+            "runs/failed": float(sum(len(g.failed) for g in groups)),
+            **scored,
+        }
+
+
+def place_caches(rewards: Sequence[Any], home: Path) -> None:
+    """Give each reward source with a ``use_home(home)`` (``RulerJudge``: its verdict cache) the data folder of the
+    backend it is trained with."""
+    for item in rewards:
+        use_home = getattr(item, "use_home", None)
+        if callable(use_home):
+            use_home(home)
 
 
 def as_source(item: Any) -> RewardSource:

@@ -229,9 +229,36 @@ def reward(
     """Declare a reward: ``@reward``, ``@reward(name=..., weight=..., node=..., on_error=...)``, or
     ``reward(fn, name=...)`` for a function defined elsewhere.
 
-    ``on_error`` says what happens when the function raises: ``"raise"`` (default: a ``RewardError`` naming the
-    function and the run), ``"abstain"`` (counts as None for that run) or ``"zero"`` (scores 0). Either way the
-    error is reported in the scoring report.
+    The function's parameters are injected by name: ``state`` (the graph's final state), ``trajectory``,
+    ``scenario`` (the scenario dict), ``metadata`` (the run's), ``span`` (for ``node=`` rewards: the node
+    invocation scored) and ``group`` (a group-level reward: called once per group, it returns one value per run,
+    a list in group order or a dict by trajectory id). It returns a number, a bool, None (abstains for this run)
+    or a dict of named sub-scores (its value is their mean); it may be ``async``.
+
+    Args:
+        fn: The function, when called as ``reward(fn, ...)`` or as the bare ``@reward``.
+        name: The reward's name in the metrics (``reward/<name>``) and in ``trajectory.rewards`` (default: the
+            function's name).
+        weight: Its weight in the run's total reward (the weighted sum of all rewards).
+        node: Score each invocation of this node (``span``) instead of the run: the node's turns then get an
+            advantage of their own.
+        on_error: When the function raises: ``"raise"`` (default: a ``RewardError`` naming the function and the
+            run), ``"abstain"`` (None for that run) or ``"zero"`` (scores 0). Either way the error is in the
+            scoring report.
+
+    Returns:
+        A ``RewardFunction`` (or, without ``fn``, a decorator that makes one), usable wherever rewards are listed.
+
+    Example:
+        ```python
+        @art.reward
+        def found_answer(state, scenario) -> float:
+            return float(scenario["answer"] in state["messages"][-1].content)
+
+        @art.reward(name="brevity", weight=0.3)
+        def brevity(trajectory) -> dict:
+            return {"calls": 1 / len(trajectory.turns())}
+        ```
     """
 
     def declare(f: Callable[..., Any]) -> RewardFunction:

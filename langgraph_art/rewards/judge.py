@@ -5,7 +5,9 @@ group at once: the shared beginning of the conversations once, the available too
 short id, node by node. Scores are mapped back by id (never by position), clamped to [0, 1], and kept with the
 judge's explanation. Malformed output, missing or duplicate ids are retried with the problem stated; after
 ``max_retries`` the ``on_error`` policy applies: ``"raise"`` a ``RewardError``, or ``"skip"`` the group (reported).
-Verdicts are cached on disk, keyed by a hash of the judge model, the rubric and the rendered group.
+Verdicts are cached on disk, keyed by a hash of the judge model, the rubric and the rendered group: under
+``cache_dir`` when given, else under the home of the backend a ``Trainer`` trains with (``<home>/judge-cache``), else
+under ``LANGGRAPH_ART_HOME`` (``.art/judge-cache``) for a judge used on its own.
 """
 
 from __future__ import annotations
@@ -59,7 +61,32 @@ class JudgeVerdict(BaseModel):
 
 
 class RulerJudge:
-    """A group-relative LLM judge usable wherever rewards are listed (``rewards=[fn, judge]``)."""
+    """A group-relative LLM judge usable wherever rewards are listed (``rewards=[fn, judge]``).
+
+    It shows the judge model every run of a group at once (the shared start once, then each run under a short id)
+    and asks for a score in [0, 1] per run with an explanation (kept in ``trajectory.explanations``); malformed
+    answers are retried with the problem stated. A group of one run is scored on an absolute scale, with a warning.
+
+    Args:
+        judge_model: Any LangChain chat model (structured output is used when it supports it, JSON text otherwise).
+        rubric: What a better run is, as bullet points (default: reaching the goal first, then efficiency, partial
+            credit for progress, penalties for mistakes and made-up facts).
+        name: The reward's name in the metrics (``reward/<name>``, ``judge/<name>/...``).
+        weight: Its weight in the run's total reward.
+        max_retries: Retries of a malformed answer (missing or duplicate ids, not JSON) before ``on_error``.
+        on_error: After the retries: ``"raise"`` a ``RewardError``, or ``"skip"`` the group (reported, not trained).
+        cache: Keep verdicts on disk, keyed by the judge model, the rubric and the rendered group.
+        cache_dir: Where (None: ``<home>/judge-cache``, the trainer's backend's home when a ``Trainer`` uses it).
+        max_concurrency: Judge calls at once per event loop (<= 0: no limit).
+
+    Example:
+        ```python
+        from langchain_openai import ChatOpenAI
+
+        judge = art.RulerJudge(ChatOpenAI(model="gpt-4.1"), rubric="- The answer cites the email it comes from.")
+        trainer = art.Trainer(graph, model, rewards=[found_answer, judge])
+        ```
+    """
 
     node = None
 
@@ -85,6 +112,7 @@ class RulerJudge:
         self.judge_model, self.rubric, self.name, self.weight = judge_model, rubric.strip(), name, float(weight)
         self.max_retries, self.on_error = max_retries, on_error
         self.cache_dir = (Path(cache_dir) if cache_dir else default_home() / "judge-cache") if cache else None
+        self._cache_dir_given = bool(cache_dir)
         self.max_concurrency = max_concurrency
         # per event loop: a semaphore is bound to the loop that first used it (and refers to it, so entries of
         # closed loops are dropped explicitly in _call)
@@ -100,6 +128,12 @@ class RulerJudge:
 
     def __repr__(self) -> str:
         return f"RulerJudge({self.name!r}, model={_model_id(self.judge_model)!r})"
+
+    def use_home(self, home: str | Path) -> None:
+        """Cache under ``<home>/judge-cache``: ``Trainer`` calls it with its backend's home, so the verdicts live with
+        the model's other data. A ``cache_dir`` given, or ``cache=False``, stays as it is."""
+        if self.cache_dir is not None and not self._cache_dir_given:
+            self.cache_dir = Path(home) / "judge-cache"
 
     async def ascore_group(self, group: TrajectoryGroup) -> dict[str, Score]:
         runs = group.completed()
