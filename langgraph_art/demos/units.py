@@ -9,8 +9,9 @@ the share of the three arguments it got right; no warm-up, no examples, only its
 Held out: the evaluation asks its questions in two phrasings training never uses, with other values, each question
 once, at the sampling temperature, before the first step and after the last.
 
-Recipe (measured on 2 cores; benchmarks/README.md, issue 26): 2 questions x 8 runs a step, one micro-batch of 16
-sharing the system prompt and tool list, learning rate 4e-4, temperature 0.7, 14 steps.
+Recipe: the library's defaults (benchmarks/README.md, issue 35: chosen on this task): ``GRPOConfig()`` (learning
+rate 4e-4, micro-batches of 8), ``ChatART(model=model)`` (temperature 0.7, no max_tokens: the forced call ends itself)
+and ``Trainer``'s 1 question x 8 runs a step; 28 steps (the 224 runs of issue 26's 14 steps of 2 questions).
 """
 
 from __future__ import annotations
@@ -97,17 +98,22 @@ def right_arguments(state, scenario) -> float:
 
 def run_demo(
     *,
-    steps: int = 14,
+    steps: int = 28,
     seed: int = 0,
-    learning_rate: float = 4e-4,
-    temperature: float = 0.7,
+    learning_rate: float | None = None,
+    temperature: float | None = None,
+    per_device_train_batch_size: int | None = None,
+    num_generations: int | None = None,
+    scenarios_per_step: int | None = None,
+    max_tokens: int | None = None,
     home: str | Path = ".art",
     engine: str = "hf",
     threads: int | None = None,
     echo: Any = print,
 ) -> dict[str, Any]:
     """Train, evaluate before and after, print the curve and one held-out question before and after. ``threads``:
-    torch's (default every core: one process does all the work)."""
+    torch's (default every core: one process does all the work). The hyper-parameters (``learning_rate`` ...
+    ``max_tokens``) are the library's defaults when None; ``benchmarks/defaults.py`` varies them."""
     import torch
 
     started = time.perf_counter()
@@ -120,26 +126,34 @@ def run_demo(
     with art.LocalBackend(home=home, engine=engine) as backend:
         model = art.TrainableModel(name=f"units-{int(time.time())}-{seed}", project="demo", base_model="smollm2-135m")
         model.register(backend)
-        llm = art.ChatART(model=model, temperature=temperature, max_tokens=48)  # type: ignore[call-arg,arg-type]
-        config = art.GRPOConfig(learning_rate=learning_rate, per_device_train_batch_size=16, seed=seed)
+        sampling: dict[str, Any] = {"temperature": temperature, "max_tokens": max_tokens}
+        llm = art.ChatART(model=model, **{k: v for k, v in sampling.items() if v is not None})  # type: ignore[arg-type]
+        tuned: dict[str, Any] = {
+            "learning_rate": learning_rate,
+            "per_device_train_batch_size": per_device_train_batch_size,
+        }
+        config = art.GRPOConfig(seed=seed, **{k: v for k, v in tuned.items() if v is not None})
+        per_step: dict[str, Any] = {} if scenarios_per_step is None else {"scenarios_per_step": scenarios_per_step}
         trainer = art.Trainer(
             build_agent(llm),
             model,
             rewards=[right_arguments],
-            num_generations=8,
-            scenarios_per_step=2,
+            num_generations=num_generations,
             config=config,
             eval_scenarios=held_out,
-            max_concurrency=64,
+            **per_step,
         )
-        echo(f"model ready in {time.perf_counter() - started:.0f} s; {steps} GRPO steps of 2 questions x 8 runs")
+        echo(f"model ready in {time.perf_counter() - started:.0f} s; {steps} GRPO steps of "
+             f"{trainer.scenarios_per_step} question(s) x {trainer.config.num_generations} runs, learning rate "
+             f"{trainer.config.learning_rate:g}, temperature {llm.temperature}")  # fmt: skip
         history = trainer.train(train, steps=steps)
         curve = [m["reward/mean"] for m in history]
         before, after = trainer.evals[0], trainer.evals[-1]
         echo("\nsteps    train reward (of 1)  " + "-" * 30)
-        for first in range(0, len(curve), 2):
-            value = statistics.fmean(curve[first : first + 2])
-            echo(f"{first + 1:>3}-{min(first + 2, len(curve)):<3}  {value:5.2f}  " + "#" * round(value * 30))
+        width = max(1, len(curve) // 7)  # about seven lines
+        for first in range(0, len(curve), width):
+            value = statistics.fmean(curve[first : first + width])
+            echo(f"{first + 1:>3}-{min(first + width, len(curve)):<3}  {value:5.2f}  " + "#" * round(value * 30))
         right_before, right_after = (all_right(trainer, e["policy_step"]) for e in (before, after))
         echo(f"\nheld-out evaluation ({len(held_out)} questions in phrasings never trained on):")
         echo(f"  arguments right: {before['eval/reward/mean']:.2f} before training -> {after['eval/reward/mean']:.2f}"
@@ -152,6 +166,10 @@ def run_demo(
             echo(render_transcript(shown[1]))
         echo(f"\nreward curve: {trainer.run_dir / 'reward_curve.png'}\nmetrics: {trainer.run_dir / 'metrics.jsonl'}")
         seconds = time.perf_counter() - started
+        settings = {"learning_rate": config.learning_rate, "temperature": llm.temperature, "max_tokens": llm.max_tokens,
+                    "per_device_train_batch_size": config.per_device_train_batch_size,
+                    "num_generations": trainer.config.num_generations,
+                    "scenarios_per_step": trainer.scenarios_per_step, "steps": steps}  # fmt: skip
         echo(f"served now as {model.served_name!r} (= {ModelRef(model.served_name, backend.current_step(model))}); "
              f"{seconds:.0f} s in all")  # fmt: skip
         return {
@@ -159,6 +177,7 @@ def run_demo(
             "before": before["eval/reward/mean"],
             "after": after["eval/reward/mean"],
             "calls_right": (right_before, right_after),
+            "settings": settings,
             "png": trainer.run_dir / "reward_curve.png",
             "seconds": seconds,
         }
