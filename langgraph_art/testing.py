@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.graph import START, MessagesState, StateGraph
 
 import langgraph_art as art
-from langgraph_art.types import StepResult
+from langgraph_art.types import StepResult, TrajectoryGroup
 
 LANGFUSE_VARS = ("LANGFUSE_PUBLIC_KEY", "LANGFUSE_SECRET_KEY", "LANGFUSE_BASE_URL", "LANGFUSE_HOST")
 _taken_langfuse_keys: dict[str, str] = {}
@@ -270,15 +271,17 @@ class FakeBackend:
     def current_step(self, model: art.TrainableModel) -> int:
         return self.step
 
-    def trainer(self, model: art.TrainableModel, config: Any = None) -> None:
+    def trainer(self, model: art.TrainableModel, config: art.GRPOConfig | None = None) -> None:
         self.prepared.append(config)
 
-    def train_step(self, model: art.TrainableModel, groups: Any, config: Any = None) -> StepResult:
+    def train_step(
+        self, model: art.TrainableModel, groups: Sequence[TrajectoryGroup], config: art.GRPOConfig | None = None
+    ) -> StepResult:
         self.received.append(list(groups))
         self.step += 1
-        runs = [t for g in groups for t in g.completed()]
-        mean = sum(t.reward for t in runs) / len(runs)
-        return StepResult(self.step, True, {"train/loss": 0.25}, advantages={t.id: t.reward - mean for t in runs})
+        rewards = {t.id: t.reward or 0.0 for g in groups for t in g.completed()}
+        mean = sum(rewards.values()) / len(rewards)
+        return StepResult(self.step, True, {"train/loss": 0.25}, advantages={i: r - mean for i, r in rewards.items()})
 
     def warmup(self, model: art.TrainableModel, examples: Any, **kwargs: Any) -> list[float]:
         return [1.0] * kwargs["steps"]
