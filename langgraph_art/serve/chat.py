@@ -17,7 +17,8 @@ from langgraph_art.errors import RequestError
 from langgraph_art.serve.engines.base import Sample
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
-_TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+_CLOSING = re.compile(r"\s*</tool_call>")
+_JSON = json.JSONDecoder()
 
 
 def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
@@ -64,18 +65,21 @@ class PromptCache:
 def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
     """Split hermes-style ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks out of ``text``.
 
-    Returns the remaining content (None when nothing but tool calls was said) and OpenAI ``tool_calls``. A block
-    whose JSON is invalid or lacks a name stays in the content, so nothing the model wrote is dropped.
+    Returns the remaining content (None when nothing but tool calls was said) and OpenAI ``tool_calls``. A block's
+    JSON is read as JSON, so a string in the arguments may itself contain ``</tool_call>``. A block whose JSON is
+    invalid, lacks a name or is not closed right after stays in the content, so nothing the model wrote is dropped.
     """
     calls: list[dict[str, Any]] = []
     kept: list[str] = []
-    last = 0
-    for match in _TOOL_CALL.finditer(text):
-        call = _tool_call(match.group(1))
-        if call is None:
+    last = at = 0
+    while (start := text.find(TOOL_CALL_OPEN, at)) != -1:
+        found = _block_at(text, start + len(TOOL_CALL_OPEN))
+        if found is None:
+            at = start + len(TOOL_CALL_OPEN)
             continue
-        kept.append(text[last : match.start()])
-        last = match.end()
+        call, end = found
+        kept.append(text[last:start])
+        last = at = end
         calls.append(call)
     kept.append(text[last:])
     if not calls:
@@ -84,21 +88,23 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
     return (content if content.strip() else None), calls
 
 
-def _tool_call(payload: str) -> dict[str, Any] | None:
+def _block_at(text: str, at: int) -> tuple[dict[str, Any], int] | None:
+    """The call whose JSON starts at ``at`` (after white space) and the index just past its ``</tool_call>``."""
+    while at < len(text) and text[at].isspace():
+        at += 1
     try:
-        data = json.loads(payload)
+        data, end = _JSON.raw_decode(text, at)
     except json.JSONDecodeError:
         return None
-    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+    closing = _CLOSING.match(text, end)
+    if closing is None or not isinstance(data, dict) or not isinstance(data.get("name"), str):
         return None
     arguments = data.get("arguments", data.get("parameters", {}))
     if not isinstance(arguments, str):
         arguments = json.dumps(arguments, ensure_ascii=False)
-    return {
-        "id": f"call_{uuid.uuid4().hex[:24]}",
-        "type": "function",
-        "function": {"name": data["name"], "arguments": arguments},
-    }
+    call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": data["name"], "arguments": arguments}}  # fmt: skip
+    return call, closing.end()
 
 
 class TokenText:
