@@ -73,14 +73,43 @@ def run_sync(coro: Coroutine[Any, Any, T]) -> T:
     runner = _private.get()
     if threading.current_thread() is runner.thread:
         return _run_in_helper_thread(coro)
-    future = asyncio.run_coroutine_threadsafe(coro, runner.loop)  # copies this thread's contextvars
+    # the future exists before the coroutine is handed over: a Ctrl-C that lands while the hand-over is under way
+    # (writing to the loop's wake-up pipe lets other threads run) still cancels it. asyncio's
+    # run_coroutine_threadsafe returns its future only afterwards, and such a Ctrl-C left the coroutine running.
+    future: concurrent.futures.Future[T] = concurrent.futures.Future()
+    ended = threading.Event()
     try:
+        runner.loop.call_soon_threadsafe(_start, coro, future, ended)  # the handle carries this thread's context
         return future.result()
     except BaseException:
-        if not future.done():
-            future.cancel()
-            concurrent.futures.wait([future], timeout=_CANCEL_WAIT_S)
+        if future.cancel():  # not finished yet: the task is cancelled on the loop, or never starts
+            ended.wait(_CANCEL_WAIT_S)
         raise
+
+
+def _start(coro: Coroutine[Any, Any, T], future: concurrent.futures.Future[T], ended: threading.Event) -> None:
+    """On the private loop: run ``coro`` as a task whose outcome settles ``future``, cancelled with it."""
+    if future.cancelled():  # cancelled before the loop got here
+        coro.close()
+        ended.set()
+        return
+    task = asyncio.get_running_loop().create_task(coro)  # in the context the caller's handle copied
+    task.add_done_callback(lambda done: _settle(future, done, ended))
+    future.add_done_callback(lambda f: f.cancelled() and task.get_loop().call_soon_threadsafe(task.cancel))
+
+
+def _settle(future: concurrent.futures.Future[T], task: asyncio.Task[T], ended: threading.Event) -> None:
+    try:
+        if task.cancelled():
+            future.cancel()
+        elif future.set_running_or_notify_cancel():  # False: the caller cancelled it meanwhile
+            error = task.exception()
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(task.result())
+    finally:
+        ended.set()
 
 
 def _run_in_helper_thread(coro: Coroutine[Any, Any, T]) -> T:

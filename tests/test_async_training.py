@@ -349,3 +349,33 @@ async def test_create_agent_with_evaluation_and_a_sink_inside_a_running_loop(bac
     runs = [t for t in backend.store(model).trajectories(split="eval") if t.metadata["training_run"] == trainer.run_id]
     assert len(runs) == 6 and all(t.status == "ok" and t.turns() for t in runs)
     assert {t.metadata["policy_step"] for t in runs} == {e["policy_step"] for e in trainer.evals}
+
+
+def test_a_ctrl_c_during_the_hand_over_still_cancels_the_coroutine() -> None:
+    """The interrupt lands after the coroutine was scheduled on the private loop but before the caller holds its
+    future (writing to the loop's wake-up pipe lets other threads run first): it must still be cancelled, not left
+    running in the background (seen under two pytest workers, where the main thread is often switched out)."""
+    loop = private_loop()
+    running, cancelled = threading.Event(), threading.Event()
+
+    async def forever() -> None:
+        running.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+
+    def scheduled_then_interrupted(callback: Any, *args: Any, **kwargs: Any) -> Any:
+        original(callback, *args, **kwargs)
+        assert running.wait(30)  # the coroutine runs on the loop by now
+        raise KeyboardInterrupt
+
+    original = loop.call_soon_threadsafe
+    loop.call_soon_threadsafe = scheduled_then_interrupted  # type: ignore[method-assign]
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_sync(forever())
+    finally:
+        del loop.call_soon_threadsafe  # the class's method again
+    assert cancelled.wait(30), "the coroutine kept running after Ctrl-C"
