@@ -34,8 +34,9 @@ def sampled_turn(trainer: GRPOTrainer, seed: int, node: str = "agent", n: int = 
     )
     ids = torch.randint(10, 2000, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
     with torch.no_grad(), trainer.adapter():
-        logits = trainer.model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1]
-    logprobs = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None])[:, 0].tolist()
+        device = trainer.model.device  # the trainer's (CUDA in tests/test_scale_out_gpu.py)
+        logits = trainer.model(torch.tensor([prompt + ids], device=device)).logits[0, len(prompt) - 1 : -1]
+    logprobs = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids, device=device)[:, None])[:, 0].tolist()
     return Turn(
         id=f"turn{seed}{node}",
         node=node,
