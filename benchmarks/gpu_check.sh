@@ -32,7 +32,8 @@ if ! "$PY" -c 'import vllm, sys; sys.exit(0 if vllm.__version__.startswith("0.32
   fi
 fi
 # no index on the lent machines: build with the setuptools already there, else import from the checkout
-"$PY" -m pip install -q --no-deps --no-build-isolation -e . 2>/dev/null || export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+"$PY" -m pip install -q --no-deps --no-build-isolation -e . 2>/dev/null ||
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" -m pip install -q --no-deps langchain-core langgraph langchain-openai openai fastapi uvicorn pytest-asyncio \
   2>/dev/null || true   # usually present beside vLLM; a missing one fails step 2 with its name
 "$PY" -c 'import vllm, torch; print("vllm", vllm.__version__, "torch", torch.__version__, torch.cuda.get_device_name())'

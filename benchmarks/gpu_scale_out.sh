@@ -6,6 +6,13 @@
 #      (with two GPUs or more) two NCCL ranks training what one rank trains;
 #   3. the trainer part of benchmarks/scale_out.py on CUDA (ours and FSDP2; the 2-rank rows need two GPUs).
 # Output goes to $OUT (or ./gpu-scale-out): log.txt and trainer.txt.
+# The lent machines have torch, transformers and peft but reach no index: the rest (pydantic, LangChain, LangGraph,
+# FastAPI...: 25 MiB) comes as wheels carried in .cache/device-wheels, made here for their Python (3.12) with
+#   pip download --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_31_x86_64 -c constraints.txt \
+#     -d .cache/device-wheels langchain-core langgraph langchain-openai pydantic typer fastapi uvicorn llguidance \
+#     pytest-asyncio certifi idna
+# (measured 2026-12-04 on one H200: trainer process and replicas on CUDA pass; the NCCL pair needs two GPUs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/gpu-scale-out}"; mkdir -p "$OUT"
@@ -18,8 +25,13 @@ step() { echo; echo "== $1 ($(( $(date +%s) - started )) s)"; }
 
 step "1. install"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader || { echo "no GPU here"; exit 2; }
+if [ -d .cache/device-wheels ]; then
+  "$PY" -m pip install -q --no-index --find-links .cache/device-wheels langchain-core langgraph langchain-openai \
+    pydantic typer fastapi uvicorn llguidance pytest-asyncio || exit 3
+fi
 # no index on the lent machines: build with the setuptools already there, else import from the checkout
-"$PY" -m pip install -q --no-deps --no-build-isolation -e . 2>/dev/null || export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+"$PY" -m pip install -q --no-deps --no-build-isolation -e . 2>/dev/null ||
+  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 "$PY" -c 'import torch; print("torch", torch.__version__, torch.cuda.device_count(), "GPU(s), NCCL", torch.cuda.nccl.version())'
 
 step "2. gpu tests (trainer process, replicas, NCCL ranks)"
