@@ -16,6 +16,7 @@ from typing import Any
 import wandb
 
 log = logging.getLogger(__name__)
+_RESUME_WAIT_S = 120.0
 _NOT_METRICS = {"run", "iteration", "model", "split", "started", "finished", "step"}
 
 
@@ -29,8 +30,14 @@ class WandbSink:
         self.run: Any = None
         self.run_id: str | None = None
         self._lock = threading.Lock()  # submit comes from the loop's worker threads
+        self._finishing: threading.Thread | None = None  # the last train()'s run.finish, if it outlived its wait
 
     def start(self, info: Mapping[str, Any]) -> None:
+        if self._finishing is not None:  # resuming a run whose finish is still writing would interleave the two
+            self._finishing.join(_RESUME_WAIT_S)
+            if self._finishing.is_alive():
+                log.warning("W&B: the last run still finishing after %.0f s; resuming it anyway", _RESUME_WAIT_S)
+            self._finishing = None
         with self._lock:
             if self.run is not None:
                 return
@@ -69,5 +76,6 @@ class WandbSink:
         done = threading.Thread(target=run.finish, name="langgraph-art-wandb-finish", daemon=True)
         done.start()
         done.join(timeout)
+        self._finishing = done
         if done.is_alive():
             log.warning("W&B: still finishing the run after %.0f s; it goes on in the background", timeout)
