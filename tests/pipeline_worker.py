@@ -19,11 +19,16 @@ digits = art.reward(digit_share, name="digits")
 SCENARIOS = [{"id": "numbers", "input": {"messages": [("user", "Write some numbers.")]}}]
 
 
-def digits_trainer(backend: art.LocalBackend, max_tokens: int) -> tuple[art.TrainableModel, art.Trainer]:
-    """The pipelined digits run (``max_steps_off_policy=1``) the tests train, here and in the test itself."""
+def digits_trainer(backend: art.LocalBackend, max_tokens: int, seed: int = 0) -> tuple[art.TrainableModel, art.Trainer]:
+    """The pipelined digits run (``max_steps_off_policy=1``) the tests train, here and in the test itself.
+
+    Learning rate 2e-3: at 5e-3 two of 13 seeds learned the task and then lost it for good one step after a
+    half-right group (the tiny model's policy is near-deterministic by then, and a one-step-stale update flipped
+    it to a digit-free mode no group ever leaves); synchronous runs at 5e-3 never did (0 of 11), and at 2e-3 none
+    of the 13 pipelined seeds did, 11 learned. The other 2 never emit a digit to learn from, synchronous or not."""
     model = art.TrainableModel(name="digits", project="pipelined").register(backend)
     llm = art.ChatART(model=model, temperature=1.0, max_tokens=max_tokens)
-    config = art.GRPOConfig(learning_rate=5e-3, lora_r=8, lora_alpha=16, seed=0)
+    config = art.GRPOConfig(learning_rate=2e-3, lora_r=8, lora_alpha=16, seed=seed)
     trainer = art.Trainer(
         one_agent_graph(llm), model, rewards=[digits], num_generations=8, config=config, max_steps_off_policy=1
     )

@@ -35,20 +35,29 @@ def test_max_steps_off_policy_is_checked(tmp_path: Path, bad: object) -> None:
 
 
 @pytest.mark.slow
-def test_a_pipelined_run_learns_and_reports_its_staleness(tmp_path: Path) -> None:
-    with art.LocalBackend(home=tmp_path) as backend:
-        _, trainer = digits_trainer(backend, max_tokens=32)
-        history = trainer.train(SCENARIOS, steps=40, progress=False)
+def test_pipelined_runs_learn_on_most_seeds_keep_what_they_learn_and_report_their_staleness(tmp_path: Path) -> None:
+    """Three seeds, because one curve is not a claim: which runs a pipelined step trains on depends on timing, and
+    on a machine under load seed 0 once never took off (see ``digits_trainer`` for the seeds measured)."""
+    learned = 0
+    for seed in range(3):
+        home = tmp_path / f"seed-{seed}"
+        with art.LocalBackend(home=home, engine_options={"seed": seed}) as backend:
+            _, trainer = digits_trainer(backend, max_tokens=32, seed=seed)
+            history = trainer.train(SCENARIOS, steps=40, progress=False)
         rewards = [m["reward/mean"] for m in history]
-        assert rewards[0] < 0.1 and statistics.fmean(rewards[-10:]) > 0.5, rewards
+        assert rewards[0] < 0.1, rewards
+        learned += statistics.fmean(rewards[-10:]) > 0.5
+        if max(rewards) >= 0.9:  # once learned, kept: no collapse to a digit-free policy
+            assert statistics.fmean(rewards[-10:]) > 0.5, (seed, rewards)
         assert all(m["off_policy/steps_max"] <= 1 for m in history)  # never more than one update behind
         assert any(m["off_policy/steps_max"] == 1 for m in history)  # and it did overlap
         ratios = [m["train/ratio_mean"] for m in history if m["train/updated"]]
         assert all(math.isfinite(r) and r > 0 for r in ratios) and max(ratios) > 1.0001, ratios  # the lag shows
         lines = (trainer.run_dir / "metrics.jsonl").read_text().splitlines()
         assert [json.loads(line)["iteration"] for line in lines] == list(range(1, 41))  # in order, none lost
-        stored = TrajectoryStore.for_project("pipelined", tmp_path)
+        stored = TrajectoryStore.for_project("pipelined", home)
         assert stored.count() == 40 * 8 and all(t.reward is not None for t in stored.trajectories())
+    assert learned >= 2, f"{learned} of 3 seeds learned"
 
 
 @pytest.mark.slow
