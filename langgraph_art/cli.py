@@ -52,6 +52,13 @@ def serve(
     fast_decode: Annotated[
         bool | None, typer.Option(help="hf: fused forward for Qwen2/Llama/Mistral (off: transformers) [on]")
     ] = None,
+    enable_prefix_caching: Annotated[
+        bool | None,
+        typer.Option(help="reuse the KV of earlier prompts that a new prompt starts with (both engines) [on]"),
+    ] = None,
+    prefix_cache_gib: Annotated[
+        float | None, typer.Option(help="hf: the prefix cache's memory budget in GiB, LRU beyond [1]")
+    ] = None,
     share_weights: Annotated[
         bool | None,
         typer.Option(help="hf: the trainers train on the engine's weights, one copy [on for models >= 256 MiB]"),
@@ -126,6 +133,8 @@ def serve(
         "max_batch_size": max_batch_size,
         "merge_adapters": merge_adapters,
         "fast_decode": fast_decode,
+        "enable_prefix_caching": enable_prefix_caching,
+        "prefix_cache_gib": prefix_cache_gib,
         "share_weights": share_weights,
         "max_loras": max_loras,
         "max_lora_rank": max_lora_rank,

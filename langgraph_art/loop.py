@@ -345,6 +345,7 @@ class Trainer:
         """The step's runs, each stored as it finishes."""
         started, wall = time.perf_counter(), time.time()
         policy_step = await asyncio.to_thread(self.backend.current_step, self.model)
+        engine_before = await asyncio.to_thread(self.backend.engine_stats, self.model)
         metadata = {"policy_step": policy_step, "training_run": self.run_id, "split": "train"}
         metrics: Mapping[str, float] = {}
         if self.rollouts is None:
@@ -372,6 +373,8 @@ class Trainer:
                 metadata=metadata,
                 store=self.store,
             )
+        engine_after = await asyncio.to_thread(self.backend.engine_stats, self.model)
+        metrics = {**metrics, **engine_metrics(engine_before, engine_after)}
         return _Rollout(groups, policy_step, started, wall, time.perf_counter() - started, metrics)
 
     async def _branch(self, groups: list[Any], metadata: Mapping[str, Any]) -> list[Any]:
@@ -451,6 +454,23 @@ class Trainer:
         matplotlib."""
         target = Path(path) if path else self.run_dir / "reward_curve.png"
         return plot_rewards(self.history, target, f"{self.model.name} ({self.model.project})", evals=self.evals)
+
+
+def engine_metrics(before: Mapping[str, int], after: Mapping[str, int]) -> dict[str, float]:
+    """What the engine did during a rollout, from its counters before and after (``Backend.engine_stats``):
+    ``engine/prompt_tokens`` sent, ``engine/prefill_tokens`` computed, ``engine/prefix_cache_hit_rate`` (of the
+    prompt tokens looked up, the share whose KV was reused), ``engine/prefix_cache_evictions`` (blocks) and
+    ``engine/prefix_cache_bytes`` held after it. Steps that overlap (``max_steps_off_policy``) share their counts."""
+    delta = {key: after[key] - before.get(key, 0) for key in after if key != "prefix_cache_bytes"}
+    metrics = {f"engine/{key}": float(delta[key]) for key in ("prompt_tokens", "prefill_tokens") if key in delta}
+    queries = delta.get("prefix_cache_queries", 0)
+    if queries:
+        metrics["engine/prefix_cache_hit_rate"] = delta.get("prefix_cache_hits", 0) / queries
+    if "prefix_cache_evictions" in delta:
+        metrics["engine/prefix_cache_evictions"] = float(delta["prefix_cache_evictions"])
+    if "prefix_cache_bytes" in after:
+        metrics["engine/prefix_cache_bytes"] = float(after["prefix_cache_bytes"])
+    return metrics
 
 
 def _check_eval(scenarios: Any, every: Any, generations: Any, rewards: Any) -> None:

@@ -271,6 +271,9 @@ class FakeBackend:
     def current_step(self, model: art.TrainableModel) -> int:
         return self.step
 
+    def engine_stats(self, model: art.TrainableModel) -> dict[str, int]:
+        return {}
+
     def trainer(self, model: art.TrainableModel, config: art.GRPOConfig | None = None) -> None:
         self.prepared.append(config)
 

@@ -181,12 +181,14 @@ async def test_fast_merged_engine_samples_what_transformers_and_peft_sample(
     assert served_by_peft == {"dora@1", "head@1"}
 
 
+@pytest.mark.parametrize("prefix_cache", [False, True], ids=["no-prefix-cache", "prefix-cache"])
 async def test_prompts_prefilled_apart_with_their_common_beginning_once_sample_the_same(
-    engines: tuple[HFEngine, HFEngine], monkeypatch: pytest.MonkeyPatch
+    engines: tuple[HFEngine, HFEngine], monkeypatch: pytest.MonkeyPatch, prefix_cache: bool
 ) -> None:
     """Large batches of distinct prompts are prefilled prompt by prompt, their common beginning (here the system
     turn with the tool list) once: seeded samples as the transformers path gives, logprobs within 1e-4, also for
-    rows that join a running batch and with a merged adapter."""
+    rows that join a running batch and with a merged adapter. Without a prefix cache the batch's common beginning
+    is computed first; with one, the first prompt whole and the others from the last block it shares with them."""
     from langgraph_art.serve.engines.hf import steps
 
     monkeypatch.setattr(steps, "APART_PREFILL_WORK", 0)  # the tiny model's batches are below the real threshold
@@ -196,8 +198,10 @@ async def test_prompts_prefilled_apart_with_their_common_beginning_once_sample_t
         steps.FastSteps, "_forward_from", lambda self, t, *a: calls.append(len(t)) or forward(self, t, *a)
     )
     fast, plain = engines
+    if not prefix_cache:
+        monkeypatch.setattr(fast, "prefix_cache", None)  # as HFEngine(enable_prefix_caching=False) has it
     ids = prompts(fast)
-    common = steps.common_prefix([torch.tensor(p) for p in ids], min(map(len, ids)) - 1)
+    common = steps.common_prefix([tuple(p) for p in ids], min(map(len, ids)) - 1)
     assert common >= steps.MIN_SHARED_PROMPT
     requests = [
         GenerationRequest(p, SamplingParams(temperature=1.0, max_tokens=10, n=2, seed=11 + i), adapter=adapter)
@@ -210,7 +214,12 @@ async def test_prompts_prefilled_apart_with_their_common_beginning_once_sample_t
         for sample, reference in zip(result.samples, expected.samples, strict=True):
             assert sample.token_ids == reference.token_ids
             assert max(abs(a - b) for a, b in zip(sample.logprobs, reference.logprobs, strict=True)) < 1e-4
-    assert common in calls and {len(p) - common for p in ids} <= set(calls)  # the beginning once, then each rest
+    if not prefix_cache:
+        assert common in calls and {len(p) - common for p in ids} <= set(calls)  # the beginning once, then each rest
+    else:
+        block = fast.prefix_cache.block_size
+        assert len(ids[0]) in calls  # the first prompt whole, the others from the blocks it left in the cache
+        assert {len(p) - common // block * block for p in ids[1:]} <= set(calls)
 
 
 async def test_switching_adapters_leaves_the_base_weights_bit_identical(

@@ -47,6 +47,11 @@ class Backend(Protocol):
         """The checkpoint that serves the model now (0 before the first)."""
         ...
 
+    def engine_stats(self, model: TrainableModel) -> dict[str, int]:
+        """The counters of the engine serving ``model`` (``Engine.stats``: prompt tokens sent and prefilled, prefix
+        cache queries and hits, ...); empty where none can be read. The loop records each rollout's share."""
+        ...
+
     def trainer(self, model: TrainableModel, config: GRPOConfig | None = None) -> None:
         """Get the model's trainer ready (load or resume) with ``config``; before the first rollout."""
 

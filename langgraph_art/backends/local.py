@@ -47,6 +47,10 @@ class LocalBackend:
         merge_adapters: HF engine: False serves adapters through peft's LoRA layers instead of merging the one in
             use into the weights (slower sampling, but no copy of the targeted base weights in memory).
         fast_decode: HF engine: False runs every forward through transformers.
+        enable_prefix_caching: Reuse the KV of earlier prompts for prompts that start the same way (a group's runs,
+            an agent's turns, the next step's rollouts): vLLM's option and name; both engines, on by default (None).
+        prefix_cache_gib: HF engine: the prefix cache's memory budget in GiB (least recently used blocks go past
+            it; default 1).
         max_trainers: Trainers kept in memory per base model (None: every one); beyond it a new one replaces the
             least recently used idle one, whose state is already in its last checkpoint.
         freeze_gc: False leaves Python's garbage collector as it is; by default each server, once loaded, freezes
@@ -86,6 +90,8 @@ class LocalBackend:
         keep_loaded: int = 4,
         merge_adapters: bool | None = None,
         fast_decode: bool | None = None,
+        enable_prefix_caching: bool | None = None,
+        prefix_cache_gib: float | None = None,
         max_trainers: int | None = None,
         freeze_gc: bool = True,
         trainer_process: bool = False,
@@ -103,6 +109,7 @@ class LocalBackend:
         self.engine = engine
         self.freeze_gc = freeze_gc
         options = {"max_batch_size": max_batch_size, "merge_adapters": merge_adapters, "fast_decode": fast_decode,
+                   "enable_prefix_caching": enable_prefix_caching, "prefix_cache_gib": prefix_cache_gib,
                    **(engine_options or {})}  # fmt: skip
         self._engine_options = {key: value for key, value in options.items() if value is not None}
         check_engine_options(engine, {"device": device, **self._engine_options})
@@ -147,6 +154,9 @@ class LocalBackend:
                 server = EmbeddedServer(app=service.app, freeze_gc=self.freeze_gc).start()
                 pair = self._services[base_model] = (service, server)
             return pair
+
+    def engine_stats(self, model: TrainableModel) -> dict[str, int]:
+        return dict(self.server(model.base_model).engine.stats())
 
     def server(self, base_model: str) -> EmbeddedServer:
         """The running embedded server for ``base_model`` (started on first use)."""

@@ -133,6 +133,23 @@ class RemoteBackend:
         body = self._call("get", f"/train/{model.name}", params={"project": model.project})
         return int(body["step"])
 
+    def engine_stats(self, model: TrainableModel) -> dict[str, int]:
+        """The replicas' engine counters (their ``GET /metrics``), summed; a replica that does not answer is left
+        out (logged at INFO: the numbers are a record, never a reason to stop training)."""
+        from langgraph_art.serve.app import read_prometheus_text
+
+        total: dict[str, int] = {}
+        for url in self.replicas:
+            try:
+                response = httpx.get(f"{url.removesuffix('/v1')}/metrics", timeout=10)
+                response.raise_for_status()
+            except httpx.HTTPError as exc:
+                log.info("engine counters of %s not read: %s", url, exc)
+                continue
+            for name, value in read_prometheus_text(response.text).items():
+                total[name] = total.get(name, 0) + value
+        return total
+
     def pin_checkpoint(self, model: TrainableModel, step: int) -> None:
         """``model.pin(step)``, in the service (its checkpoints)."""
         self._call("post", f"/train/{model.name}/pin", json={"project": model.project, "step": step})

@@ -1,10 +1,10 @@
 """The OpenAI-compatible FastAPI app over an ``Engine``.
 
-Endpoints: ``GET /health`` here; ``POST /v1/chat/completions`` (``completions.py``); ``GET /v1/models``,
-``GET/POST /v1/policies``, ``GET/POST /v1/adapters``, ``DELETE /v1/adapters/{name}`` (``catalog.py``); errors in
-``http_errors.py``; the training routes (``training.py``) are mounted by ``langgraph-art serve``. Errors use OpenAI's
-error JSON: 400 naming the bad field, 401 without the API key, 404 unknown model or adapter, 503 while the engine
-loads.
+Endpoints: ``GET /health`` and ``GET /metrics`` (the engine's counters in Prometheus' text format, as vLLM serves
+them) here; ``POST /v1/chat/completions`` (``completions.py``); ``GET /v1/models``, ``GET/POST /v1/policies``,
+``GET/POST /v1/adapters``, ``DELETE /v1/adapters/{name}`` (``catalog.py``); errors in ``http_errors.py``; the
+training routes (``training.py``) are mounted by ``langgraph-art serve``. Errors use OpenAI's error JSON: 400 naming
+the bad field, 401 without the API key, 404 unknown model or adapter, 503 while the engine loads.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 
 from langgraph_art.errors import EngineNotReadyError
 from langgraph_art.serve.chat import TokenText
@@ -85,11 +85,39 @@ def create_app(
             return JSONResponse({"status": "loading"}, 503)
         return JSONResponse({"status": "ok", "model": engine.base_model, "adapters": sorted(engine.adapters())})
 
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(prometheus_text(engine.stats() if state["token_text"] is not None else {}))
+
     app.include_router(catalog_router(engine, ready, policies, roots))
     completions = ChatCompletions(engine, ready, policies)
     app.state.chat_completions = completions  # the in-process client calls it directly (inprocess.py)
     app.include_router(completions.router())
     return app
+
+
+_GAUGES = {"prefix_cache_blocks", "prefix_cache_bytes"}  # levels; every other counter only grows
+
+
+def prometheus_text(stats: dict[str, int]) -> str:
+    """``stats`` as Prometheus exposition text: ``langgraph_art:<name>_total`` counters (vLLM's ``vllm:`` style),
+    gauges under their own names."""
+    lines = []
+    for name, value in sorted(stats.items()):
+        kind = "gauge" if name in _GAUGES else "counter"
+        metric = f"langgraph_art:{name}" + ("" if kind == "gauge" else "_total")
+        lines += [f"# TYPE {metric} {kind}", f"{metric} {value}"]
+    return "\n".join(lines) + "\n"
+
+
+def read_prometheus_text(text: str) -> dict[str, int]:
+    """``prometheus_text`` read back: name -> value (``RemoteBackend.engine_stats``)."""
+    stats: dict[str, int] = {}
+    for line in text.splitlines():
+        if line.startswith("langgraph_art:"):
+            metric, _, value = line.partition(" ")
+            stats[metric.removeprefix("langgraph_art:").removesuffix("_total")] = int(float(value))
+    return stats
 
 
 class _RequireKey:

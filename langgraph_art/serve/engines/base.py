@@ -148,6 +148,11 @@ class Engine(Protocol):
         """Loaded adapters: name -> folder."""
         ...
 
+    def stats(self) -> dict[str, int]:
+        """Counters since start (``GET /metrics``, and each training step's record): at least ``prompt_tokens``
+        (sent), ``prefill_tokens`` (computed), ``prefix_cache_queries`` and ``prefix_cache_hits`` (tokens)."""
+        ...
+
     def grammars(self) -> Any:
         """``models.grammar.Grammars`` over this engine's tokenizer and vocabulary (built on first use): how the
         server checks a request's grammar and closes a structure ``max_tokens`` cut short."""

@@ -22,6 +22,8 @@ ENGINE_OPTIONS: dict[str, frozenset[str]] = {
             "share_weights",
             "batch_wait_ms",
             "chat_template",
+            "enable_prefix_caching",
+            "prefix_cache_gib",
         }
     ),
     "vllm": frozenset(
@@ -39,6 +41,7 @@ ENGINE_OPTIONS: dict[str, frozenset[str]] = {
             "enable_sleep_mode",
             "engine_args",
             "chat_template",
+            "enable_prefix_caching",
         }
     ),
 }

@@ -44,12 +44,14 @@ class Policy:
     model: Any
     plain: bool
     fast_lora: Any = None  # the adapter in FastLM's fused layout, when served unmerged on shared weights
+    key: int = 0  # names the weights: 0 the base model, each loaded adapter its own (a reload gets a new one)
 
 
 @dataclass(eq=False)
 class _Adapter:
     folder: str
     factors: dict[str, Factor] | None  # module path -> its LoRA; None when peft serves the adapter
+    key: int  # unique per loaded adapter (``Policy.key``)
     peft_key: str | None = None  # set when peft serves it
     hooked: str | None = None  # its name in the shared HookedLora
     fast_lora: Any = None
@@ -70,6 +72,7 @@ class AdapterSet:
         self._peft: Any = None  # created by the first adapter peft has to serve
         self._names: dict[str, _Adapter] = {}
         self._keys = itertools.count(1)
+        self._serials = itertools.count(1)  # Policy.key of each adapter read or loaded
         self._pristine: dict[str, torch.Tensor] = {}  # module path -> W0, for every module an adapter merged into
         self._merged: _Adapter | None = None  # whose delta is in the weights now
         self.merges = 0  # observability: how many times an adapter was written into the weights
@@ -83,10 +86,14 @@ class AdapterSet:
     def loaded(self) -> list[str]:
         return sorted(self._names)
 
+    def keys(self) -> set[int]:
+        """The ``Policy.key`` of the base model and of every adapter loaded now."""
+        return {0, *(adapter.key for adapter in self._names.values())}
+
     # -- load / unload ---------------------------------------------------------------------------------------
     def load(self, name: str, folder: str) -> None:
         factors = read_plain_lora(self._lm, Path(folder)) if self._merge or self._lora is not None else None
-        adapter = _Adapter(folder, factors)
+        adapter = _Adapter(folder, factors, next(self._serials))
         if self._lora is not None:
             if factors is None:
                 raise AdapterError(
@@ -113,7 +120,7 @@ class AdapterSet:
         if not self._merge:
             return None
         factors = read_plain_lora(self._lm, Path(folder))
-        return _Adapter(folder, factors) if factors is not None else None
+        return _Adapter(folder, factors, next(self._serials)) if factors is not None else None
 
     def add(self, name: str, adapter: _Adapter) -> bool:
         """Add an adapter from ``read`` under a new name (a running batch merged another one: untouched); False
@@ -163,22 +170,24 @@ class AdapterSet:
                 raise ModelNotFoundError(f"adapter {name!r} was unloaded before the request ran")
         if self._lora is not None:
             with self._lora.active(adapter.hooked if adapter is not None else None):  # None: FastLora or base
-                yield Policy(self._lm, plain=True, fast_lora=adapter.fast_lora if adapter is not None else None)
+                fast_lora = adapter.fast_lora if adapter is not None else None
+                yield Policy(self._lm, plain=True, fast_lora=fast_lora, key=adapter.key if adapter is not None else 0)
             return
         if adapter is not None and adapter.peft_key is not None:
             self._restore()
             self._peft.set_adapter(adapter.peft_key)
-            yield Policy(self._peft, plain=False)
+            yield Policy(self._peft, plain=False, key=adapter.key)
             return
         if adapter is None:
             self._restore()
         else:
             self._apply(adapter)
+        key = adapter.key if adapter is not None else 0
         if self._peft is None:
-            yield Policy(self._lm, plain=True)
+            yield Policy(self._lm, plain=True, key=key)
             return
         with self._peft.disable_adapter():  # peft's LoRA layers (other adapters) stay out of the way
-            yield Policy(self._peft, plain=True)
+            yield Policy(self._peft, plain=True, key=key)
 
     @torch.no_grad()
     def _apply(self, adapter: _Adapter) -> None:

@@ -33,7 +33,7 @@ import torch
 
 from langgraph_art.serve.engines.base import GenerationRequest, Sample, StreamEvent, TokenEvent
 from langgraph_art.serve.engines.hf import sampling
-from langgraph_art.serve.engines.hf.prefill import build_prefill
+from langgraph_art.serve.engines.hf.prefill import PrefillCounts, build_prefill
 from langgraph_art.serve.engines.hf.steps import Steps
 
 log = logging.getLogger(__name__)
@@ -82,9 +82,12 @@ class RunningBatch:
         rng: torch.Generator,
         pad: int,
         grammars: Callable[[], Any] | None = None,
+        counts: PrefillCounts | None = None,
     ) -> None:
-        """``grammars``: returns the engine's ``models.grammar.Grammars`` (built on first use), for rows with one."""
+        """``grammars``: returns the engine's ``models.grammar.Grammars`` (built on first use), for rows with one.
+        ``counts``: the engine's prompt-token counters (the steps count what they prefill)."""
         self.steps, self.finish, self.rng, self.pad, self.grammars = steps, finish, rng, pad, grammars
+        self.counts = counts if counts is not None else PrefillCounts()
         self.rows: list[Row] = []
         self.jobs: list[Job] = []  # every job admitted, to fail the unfinished ones if a forward raises
         self.logits = self.temps = self.top_ps = torch.empty(0)  # [B, V], [B], [B] for ``rows``
@@ -100,6 +103,7 @@ class RunningBatch:
         self.jobs += jobs  # first: if their prefill fails, they must hear of it
         rows: list[Row] = []
         for job in jobs:
+            self.counts.prompt_tokens += len(job.request.prompt_token_ids)
             params = job.request.params
             job.samples = [None] * params.n
             grammar = job.request.grammar
@@ -150,6 +154,8 @@ class RunningBatch:
                 self._record(row, token, 0.0, [(token, 0.0)] if k else [])
             if not self.finish(row):
                 keep.append(b)
+            else:  # its KV, for prompts that continue it (an agent's next turn)
+                self.steps.keep(b, [*row.job.request.prompt_token_ids, *row.token_ids])
         if not keep:
             self.rows = []
             return

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import threading
 import uuid
@@ -50,6 +51,8 @@ from langgraph_art.serve.engines.base import (
 from langgraph_art.serve.engines.hf.adapters import AdapterSet
 from langgraph_art.serve.engines.hf.batch import Job, Row, RunningBatch
 from langgraph_art.serve.engines.hf.fast import FastLM
+from langgraph_art.serve.engines.hf.prefill import PrefillCounts
+from langgraph_art.serve.engines.hf.prefix_cache import PrefixCache
 from langgraph_art.serve.engines.hf.schedule import Command, WorkQueue, run_command, set_exception, set_result
 from langgraph_art.serve.engines.hf.steps import FastSteps, HFSteps, Steps
 
@@ -89,11 +92,15 @@ class HFEngine:
         share_weights: bool | None = None,
         batch_wait_ms: float = 2.0,
         chat_template: str | None = None,
+        enable_prefix_caching: bool = True,
+        prefix_cache_gib: float = 1.0,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be at least 1, got {max_batch_size}")
         if batch_wait_ms < 0:
             raise ValueError(f"batch_wait_ms must be >= 0 (0: start each batch at once), got {batch_wait_ms}")
+        if not (math.isfinite(prefix_cache_gib) and prefix_cache_gib >= 0):
+            raise ConfigError(f"prefix_cache_gib must be a size in GiB >= 0, got {prefix_cache_gib}")
         if share_weights and merge_adapters:
             raise ConfigError(
                 "share_weights=True serves adapters unmerged (the trainer trains on the base weights); "
@@ -124,6 +131,9 @@ class HFEngine:
         self.batches_run = 0  # observability for tests and benchmarks
         self.prefills_shared = 0  # rows that reused another row's prefill (identical prompts)
         self.requests_joined = 0  # requests that joined a batch already decoding (continuous batching)
+        self.counts = PrefillCounts()
+        budget = int(prefix_cache_gib * 2**30) if enable_prefix_caching else 0
+        self.prefix_cache = PrefixCache(budget) if budget else None
 
     # -- lifecycle -------------------------------------------------------------------------------------------
     @property
@@ -268,15 +278,42 @@ class HFEngine:
             adapter = await asyncio.to_thread(self._adapters.read, str(folder))
             if adapter is not None and await self._command(lambda: self._adapters.add(name, adapter), between=True):
                 return
-        await self._command(lambda: self._adapters.load(name, str(folder)))
+
+        def load() -> None:
+            self._adapters.load(name, str(folder))
+            self._forget_gone()  # the adapter it replaced, if any
+
+        await self._command(load)
 
     async def unload_adapter(self, name: str) -> None:
         if name not in self._adapters:
             raise ModelNotFoundError(f"adapter {name!r} is not loaded; loaded: {self._adapters.loaded()}")
-        await self._command(lambda: self._adapters.unload(name))
+
+        def unload() -> None:
+            self._adapters.unload(name)
+            self._forget_gone()
+
+        await self._command(unload)
 
     def adapters(self) -> dict[str, str]:
         return self._adapters.folders()
+
+    def _forget_gone(self) -> None:
+        """On the worker, after an adapter went (unloaded, or replaced under its name): its prefix-cache KV goes."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.retain(set(self._adapters.keys()))
+
+    def stats(self) -> dict[str, int]:
+        """Counters since start: prompt tokens sent and prefilled, the prefix cache's queries, hits (tokens),
+        evictions (blocks), blocks and bytes held, batches, requests that joined a running batch."""
+        prefix = self.prefix_cache.stats() if self.prefix_cache is not None else dict.fromkeys(PrefixCache.FIELDS, 0)
+        return {
+            "prompt_tokens": self.counts.prompt_tokens,
+            "prefill_tokens": self.counts.prefill_tokens,
+            **prefix,
+            "batches": self.batches_run,
+            "requests_joined": self.requests_joined,
+        }
 
     async def _command(self, run: Callable[[], Any], wait: bool = True, between: bool = False) -> Any:
         """Run ``run`` on the worker between batches (a barrier: nothing queued after it joins an earlier batch),
@@ -314,11 +351,16 @@ class HFEngine:
         try:
             with self._adapters.use(adapter) as policy:
                 if self._fast is not None and policy.plain:
-                    self._fast.relink(self._lm)
-                    steps: Steps = FastSteps(self._fast, max(job.max_new for job in jobs), policy.fast_lora)
+                    if self._fast.relink(self._lm) and self.prefix_cache is not None:
+                        self.prefix_cache.clear()  # a parameter was replaced: every KV computed before is stale
+                    max_new = max(job.max_new for job in jobs)
+                    steps: Steps = FastSteps(
+                        self._fast, max_new, policy.fast_lora, prefix=self.prefix_cache, policy=policy.key,
+                        counts=self.counts,
+                    )  # fmt: skip
                 else:
-                    steps = HFSteps(policy.model, self._cache_kwarg)
-                batch = RunningBatch(steps, self._finish_if_done, self._rng, self._pad, self.grammars)
+                    steps = HFSteps(policy.model, self._cache_kwarg, self.counts)
+                batch = RunningBatch(steps, self._finish_if_done, self._rng, self._pad, self.grammars, self.counts)
                 self._admit(batch, jobs)
                 while batch.rows:
                     work.last_batch_rows = max(work.last_batch_rows, batch.size)

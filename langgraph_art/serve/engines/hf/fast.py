@@ -100,6 +100,25 @@ class FastCache:
             row += n
         return cls(keys, values, valid, length)
 
+    @torch.inference_mode()
+    def write(self, blocks: list[tuple[torch.Tensor, torch.Tensor]], length: int) -> None:
+        """Fill an empty one-row cache with the KV of a prompt's first ``length`` tokens, given as consecutive
+        blocks (keys and values [L, kv_heads, block, head_dim] each, positions from 0; from the prefix cache):
+        columns 0..length-1, valid."""
+        assert self.length == 0 and self.valid.shape[0] == 1, "write fills an empty one-row cache"
+        self.reserve(length + 1)
+        start = 0
+        for keys, values in blocks:
+            n = min(keys.shape[2], length - start)
+            if n <= 0:
+                break
+            self.keys[:, 0, :, start : start + n] = keys[:, :, :n]
+            self.values[:, 0, :, start : start + n] = values[:, :, :n]
+            start += n
+        assert start == length, f"the blocks hold {start} of the {length} tokens asked for"
+        self.valid[0, :length] = True
+        self.length = length
+
     def copy(self) -> FastCache:
         """An independent copy (same capacity); writing into either leaves the other as it was."""
         return FastCache(self.keys.clone(), self.values.clone(), self.valid.clone(), self.length)
@@ -220,12 +239,16 @@ class FastLM:
             layers.append((pairs[0], pairs[1], pairs[2], pairs[3]))
         return FastLora(layers)
 
-    def relink(self, lm: Any) -> None:
+    def relink(self, lm: Any) -> bool:
         """Re-fuse any layer whose projection weights are no longer views of its buffers (a parameter was
-        replaced, e.g. by ``module.weight = ...``): the fast path must compute with the weights the model has."""
+        replaced, e.g. by ``module.weight = ...``): the fast path must compute with the weights the model has.
+        True when one was."""
+        changed = False
         for i, (fast, layer) in enumerate(zip(self.layers, lm.model.layers, strict=True)):
             if any(not _views(p.weight, buffer) for p, buffer in fast.links):
                 self.layers[i] = self._fuse(layer)
+                changed = True
+        return changed
 
     # -- forward ---------------------------------------------------------------------------------------------
     def new_cache(self, rows: int, capacity: int) -> FastCache:

@@ -20,6 +20,7 @@ class Prefill:
     mask: torch.Tensor  # [U, W]: 1 on prompt tokens, 0 on padding
     positions: torch.Tensor  # [U, W]: 0.. from each prompt's first token (0 on padding)
     source: list[int]  # for each row of the batch, the index of its prompt among the U
+    prompts: list[tuple[int, ...]]  # the U distinct prompts' ids, unpadded
 
     @property
     def padded(self) -> bool:
@@ -43,4 +44,14 @@ def build_prefill(prompts: Sequence[Sequence[int]], pad: int, device: Any) -> Pr
         input_ids[i, width - len(prompt) :] = torch.tensor(prompt)
         mask[i, width - len(prompt) :] = 1
     input_ids, mask = input_ids.to(device), mask.to(device)
-    return Prefill(input_ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), source)
+    return Prefill(input_ids, mask, (mask.cumsum(-1) - 1).clamp(min=0), source, list(unique))
+
+
+@dataclass
+class PrefillCounts:
+    """The engine's prompt-token counters: ``prompt_tokens`` sent (each request's prompt once, however many choices
+    it asks for), ``prefill_tokens`` actually computed (each distinct prompt of a batch once, less what came from
+    the prefix cache)."""
+
+    prompt_tokens: int = 0
+    prefill_tokens: int = 0

@@ -11,6 +11,7 @@ calls ``FastLM`` (Llama-family models with the base weights, a merged adapter or
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any, Protocol
 
 import torch
@@ -18,7 +19,8 @@ from transformers.cache_utils import DynamicLayer
 
 from langgraph_art.models.loading import cache_of
 from langgraph_art.serve.engines.hf.fast import FastCache, FastLM, FastLora
-from langgraph_art.serve.engines.hf.prefill import Prefill
+from langgraph_art.serve.engines.hf.prefill import Prefill, PrefillCounts
+from langgraph_art.serve.engines.hf.prefix_cache import ColumnsKV, PrefixCache
 
 # FastSteps.prefill: a batch of distinct prompts whose padded forward would be at least this large (rows x width x
 # hidden) is prefilled prompt by prompt instead (``_prefill_apart``); below, the one padded forward costs less than the
@@ -42,12 +44,15 @@ class Steps(Protocol):
 
     def join(self, batch: Prefill) -> torch.Tensor: ...  # prefill more rows, appended after the running ones
 
+    def keep(self, row: int, tokens: list[int]) -> None: ...  # row ``row`` finishes: keep its KV for later prompts
+
 
 class HFSteps:
     can_jump = False
 
-    def __init__(self, model: Any, cache_kwarg: str) -> None:
+    def __init__(self, model: Any, cache_kwarg: str, counts: PrefillCounts | None = None) -> None:
         self.model, self.cache_kwarg = model, cache_kwarg
+        self.counts = counts if counts is not None else PrefillCounts()
         self.device = model.device
         self.cache: Any = None
         self.mask = self.next_pos = torch.empty(0)
@@ -63,6 +68,7 @@ class HFSteps:
             use_cache=True,
             logits_to_keep=1,
         )
+        self.counts.prefill_tokens += int(batch.mask.sum())
         self.cache = cache_of(out)
         layers = getattr(self.cache, "layers", None) or []
         self.can_join = bool(layers) and all(type(layer) is DynamicLayer for layer in layers)  # not sliding-window
@@ -89,12 +95,15 @@ class HFSteps:
     def decode_many(self, tokens: list[list[int]]) -> torch.Tensor:
         raise NotImplementedError("HFSteps feeds one token per row (can_jump is False)")
 
+    def keep(self, row: int, tokens: list[int]) -> None:
+        """No prefix cache on this path (transformers' own cache classes, any architecture)."""
+
     def select(self, index: torch.Tensor) -> None:
         self.cache.batch_select_indices(index)
         self.mask, self.next_pos = self.mask[index], self.next_pos[index]
 
     def join(self, batch: Prefill) -> torch.Tensor:
-        new = HFSteps(self.model, self.cache_kwarg)
+        new = HFSteps(self.model, self.cache_kwarg, self.counts)
         logits = new.prefill(batch)  # [B', V]
         width = max(self.mask.shape[1], new.mask.shape[1])
         for layer, other in zip(self.cache.layers, new.cache.layers, strict=True):  # [B, heads, S, hd] each
@@ -110,8 +119,20 @@ class FastSteps:
     can_join = True
     can_jump = True
 
-    def __init__(self, fast: FastLM, max_new: int, lora: FastLora | None = None) -> None:
+    def __init__(
+        self,
+        fast: FastLM,
+        max_new: int,
+        lora: FastLora | None = None,
+        *,
+        prefix: PrefixCache | None = None,
+        policy: Hashable = None,
+        counts: PrefillCounts | None = None,
+    ) -> None:
+        """``prefix``: the engine's prefix cache, for prompts computed with ``policy``'s weights (its key there)."""
         self.fast, self.max_new, self.lora = fast, max_new, lora
+        self.prefix, self.policy = prefix, policy
+        self.counts = counts if counts is not None else PrefillCounts()
         self.device = fast.embed.device
         self.cache: FastCache | None = None
         self.next_pos = torch.empty(0)
@@ -119,9 +140,15 @@ class FastSteps:
     def prefill(self, batch: Prefill) -> torch.Tensor:
         rows, width = batch.input_ids.shape
         room = min(self.max_new, 256)  # the cache grows past it if needed
-        if rows == 1 or rows * width * self.fast.embed.shape[1] < APART_PREFILL_WORK:
+        small = rows == 1 or rows * width * self.fast.embed.shape[1] < APART_PREFILL_WORK
+        if small and not self._any_cached(batch):
             cache = self.fast.new_cache(rows, width + room)
             logits = self.fast.forward(batch.input_ids, batch.positions, batch.mask.bool(), cache, self.lora)
+            self.counts.prefill_tokens += int(batch.mask.sum())
+            if self.prefix is not None:
+                for u, prompt in enumerate(batch.prompts):
+                    self.prefix.record_miss(len(prompt))
+                    self.prefix.insert(self.policy, prompt, _row_columns(cache, u))
         else:
             logits, cache = self._prefill_apart(batch, room)
         self.cache = cache
@@ -132,28 +159,48 @@ class FastSteps:
             logits, self.next_pos = logits[index], self.next_pos[index]
         return logits
 
+    def _any_cached(self, batch: Prefill) -> bool:
+        if self.prefix is None:
+            return False
+        return any(self.prefix.cached(self.policy, prompt) for prompt in batch.prompts)
+
     def _prefill_apart(self, batch: Prefill, room: int) -> tuple[torch.Tensor, FastCache]:
         """Each distinct prompt through its own forward (no padding: nothing computed for it, no attention mask to
-        build), their common beginning (the system prompt, the tool list: BFCL's prompts share ~60 tokens) once,
-        its cache copied into each. Logits [U, V] and the prompts' caches, right-aligned as one batch."""
-        width = batch.input_ids.shape[1]
-        lengths = [int(n) for n in batch.mask.sum(-1)]
-        prompts = [batch.input_ids[u, width - n :] for u, n in enumerate(lengths)]  # [n_u] each
-        common = common_prefix(prompts, min(lengths) - 1)  # each prompt keeps a token of its own: its logits
-        head = None
-        if common >= MIN_SHARED_PROMPT:
-            head = self.fast.new_cache(1, max(lengths) + room)
-            self._forward_from(prompts[0][:common], 0, head)
+        build), from the longest beginning whose KV is known: with a prefix cache, what the cache holds (earlier
+        requests, and the prompts before it in this batch, each kept as it is computed); without one, the
+        beginning the batch's prompts have in common (the system prompt, the tool list: BFCL's prompts share ~60
+        tokens), computed once and copied into each. Logits [U, V] and the prompts' caches, right-aligned as one
+        batch."""
+        prompts = batch.prompts  # ids of each distinct prompt
+        lengths = [len(prompt) for prompt in prompts]
+        common, head = 0, None
+        if self.prefix is None:
+            common = common_prefix(prompts, min(lengths) - 1)  # each prompt keeps a token of its own: its logits
+            if common >= MIN_SHARED_PROMPT:
+                head = self.fast.new_cache(1, max(lengths) + room)
+                self._forward_from(prompts[0][:common], 0, head)
+                self.counts.prefill_tokens += common
+            else:
+                common = 0
         logits, caches = [], []
         for prompt in prompts:
-            start = common if head is not None else 0
+            start = common
             cache = head.copy() if head is not None else self.fast.new_cache(1, len(prompt) + room)
+            if self.prefix is not None:
+                hit = self.prefix.lookup(self.policy, prompt, limit=len(prompt) - 1)
+                if hit.length:
+                    cache.write(hit.blocks, hit.length)
+                start = hit.length
             logits.append(self._forward_from(prompt[start:], start, cache))  # [1, V]
+            self.counts.prefill_tokens += len(prompt) - start
+            if self.prefix is not None:
+                self.prefix.insert(self.policy, prompt, _row_columns(cache, 0))
             caches.append(cache)
         return torch.cat(logits), FastCache.stacked(caches)
 
-    def _forward_from(self, tokens: torch.Tensor, start: int, cache: FastCache) -> torch.Tensor:
-        """One row's ``tokens`` [T] at positions ``start..``, after the ``start`` columns ``cache`` holds."""
+    def _forward_from(self, ids: tuple[int, ...], start: int, cache: FastCache) -> torch.Tensor:
+        """One row's token ``ids`` at positions ``start..``, after the ``start`` columns ``cache`` holds."""
+        tokens = torch.tensor(ids, dtype=torch.long, device=self.device)  # [T]
         positions = torch.arange(start, start + len(tokens), device=tokens.device)[None]
         valid = torch.ones((1, len(tokens)), dtype=torch.bool, device=tokens.device)
         return self.fast.forward(tokens[None], positions, valid, cache, self.lora)  # [1, V]
@@ -188,9 +235,17 @@ class FastSteps:
         self.cache.select(index)
         self.next_pos = self.next_pos[index]
 
+    def keep(self, row: int, tokens: list[int]) -> None:
+        """A row is finishing: keep the KV of its prompt and what it fed since (``tokens``, the prompt then the
+        sampled ids, of which the cache holds a prefix) in the prefix cache."""
+        if self.prefix is None or self.cache is None:
+            return
+        fed = int(self.cache.valid[row, : self.cache.length].sum())
+        self.prefix.insert(self.policy, tokens[:fed], _row_columns(self.cache, row))
+
     def join(self, batch: Prefill) -> torch.Tensor:
         assert self.cache is not None, "prefill first"
-        new = FastSteps(self.fast, self.max_new, self.lora)
+        new = FastSteps(self.fast, self.max_new, self.lora, prefix=self.prefix, policy=self.policy, counts=self.counts)
         logits = new.prefill(batch)  # [B', V]
         assert new.cache is not None
         self.cache.extend(new.cache)
@@ -198,15 +253,29 @@ class FastSteps:
         return logits
 
 
-def common_prefix(prompts: list[torch.Tensor], limit: int) -> int:
-    """How many leading tokens (at most ``limit``) every prompt [n] starts with."""
-    if limit <= 0:
-        return 0
-    first = prompts[0][:limit]
-    same = torch.ones(len(first), dtype=torch.bool, device=first.device)
-    for prompt in prompts[1:]:
-        same &= prompt[:limit] == first
-    return int(same.long().cumprod(0).sum())
+def _row_columns(cache: FastCache, row: int) -> ColumnsKV:
+    """Row ``row``'s KV by token: ``kv(start, stop)`` is that of its tokens start..stop-1, [L, kv_heads, stop - start,
+    head_dim] each, read from its valid columns in order (padding on the left of a joined row, or between the tokens
+    of a jump-forward step, skipped)."""
+    valid = cache.valid[row, : cache.length]  # [S]
+    offset = int((~valid).long().cumprod(0).sum())  # the padding before its first token
+    columns = None if bool(valid[offset:].all()) else valid.nonzero().flatten()  # [n]
+
+    def kv(start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        index: slice | torch.Tensor = slice(offset + start, offset + stop) if columns is None else columns[start:stop]
+        return cache.keys[:, row][:, :, index], cache.values[:, row][:, :, index]  # [L, kv, S, hd] -> columns
+
+    return kv
+
+
+def common_prefix(prompts: list[tuple[int, ...]], limit: int) -> int:
+    """How many leading tokens (at most ``limit``) every prompt starts with."""
+    count = 0
+    for column in zip(*(prompt[: max(limit, 0)] for prompt in prompts), strict=False):
+        if any(token != column[0] for token in column):
+            break
+        count += 1
+    return count
 
 
 def _left_pad(x: torch.Tensor, width: int, dim: int) -> torch.Tensor:

@@ -98,6 +98,7 @@ class VLLMEngine:
         tensor_parallel_size: int = 1,
         data_parallel_size: int = 1,
         enable_sleep_mode: bool | None = None,
+        enable_prefix_caching: bool = True,
         seed: int = 0,
         chat_template: str | None = None,
         **engine_args: Any,
@@ -120,6 +121,7 @@ class VLLMEngine:
             "tensor_parallel_size": tensor_parallel_size,
             "data_parallel_size": data_parallel_size,
             "enable_sleep_mode": enable_sleep_mode,
+            "enable_prefix_caching": enable_prefix_caching,
             "seed": seed,
         }
         self._engine_args = engine_args
@@ -132,6 +134,7 @@ class VLLMEngine:
         self._retired: set[int] = set()  # ids replaced or unloaded, removed from vLLM once idle
         self._lock = asyncio.Lock()
         self._grammars: Any = None
+        self._counts: Counter[str] = Counter()  # stats(): per finished request, from vLLM's num_cached_tokens
         self.can_sleep = False
         self._asleep = False
         self._closed = False
@@ -171,6 +174,7 @@ class VLLMEngine:
             "tensor_parallel_size": opts["tensor_parallel_size"],
             "data_parallel_size": opts["data_parallel_size"],
             "enable_sleep_mode": sleep,
+            "enable_prefix_caching": bool(opts["enable_prefix_caching"]),  # said, not left to the platform's default
             "enforce_eager": not cuda,  # LoRA on CPU runs eagerly anyway
             "disable_log_stats": True,
         }
@@ -260,11 +264,13 @@ class VLLMEngine:
         tops: list[list[list[tuple[int, float]]]] = [[] for _ in range(n)]
         reasons: list[str | None] = [None] * n
         k = request.params.top_logprobs
+        cached = 0
         try:
             prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
             async for output in self._llm.generate(
                 prompt, params, request.request_id, lora_request=lora.request if lora else None
             ):
+                cached = int(getattr(output, "num_cached_tokens", None) or cached)  # its prefix-cache hit, in tokens
                 for choice in output.outputs:
                     # greedy with n > 1 (which vLLM refuses) is sampled once and copied to every choice
                     fan_out = range(n) if greedy else (choice.index,)
@@ -282,6 +288,10 @@ class VLLMEngine:
         finally:
             self._running[lora_id] -= 1
             await self._drop_retired()
+        self._counts["prompt_tokens"] += len(request.prompt_token_ids)
+        self._counts["prefill_tokens"] += len(request.prompt_token_ids) - cached
+        self._counts["prefix_cache_queries"] += len(request.prompt_token_ids)
+        self._counts["prefix_cache_hits"] += cached
         samples = [self._sample(i, ids[i], logprobs[i], tops[i], reasons[i], request.params) for i in range(n)]
         yield FinishedEvent(GenerationResult(request.request_id, request.prompt_token_ids, samples, request.adapter))
 
@@ -357,6 +367,12 @@ class VLLMEngine:
                 raise ModelNotFoundError(f"adapter {name!r} is not loaded; loaded: {sorted(self._loras)}")
             self._retired.add(lora.request.lora_int_id)
         await self._drop_retired()
+
+    def stats(self) -> dict[str, int]:
+        """Counters since start, as ``HFEngine.stats`` names them, of the requests that finished: prompt tokens sent
+        and prefilled, and vLLM's prefix-cache queries and hits (tokens; its ``num_cached_tokens`` per request)."""
+        keys = ("prompt_tokens", "prefill_tokens", "prefix_cache_queries", "prefix_cache_hits")
+        return {key: int(self._counts[key]) for key in keys}
 
     def adapters(self) -> dict[str, str]:
         return {name: lora.path for name, lora in self._loras.items()}
