@@ -121,8 +121,15 @@ def test_a_run_whose_worker_dies_more_often_than_max_retries_is_a_failed_run(ray
     class State(TypedDict):
         n: int
 
+    signals = tmp_path / "signals"  # each run says it started, then waits for "go": in flight when the kill lands
+    signals.mkdir()
+
     async def slow(state: State) -> dict[str, int]:  # pickled by value (a local function)
-        await asyncio.sleep(1.0)
+        import uuid
+
+        (signals / f"started-{os.getpid()}-{uuid.uuid4().hex}").touch()
+        while not (signals / "go").exists():
+            await asyncio.sleep(0.02)
         return {"n": state["n"] + 1}
 
     builder = StateGraph(State)
@@ -137,10 +144,14 @@ def test_a_run_whose_worker_dies_more_often_than_max_retries_is_a_failed_run(ray
         async def gather_and_kill() -> Any:
             scenarios = [{"id": "s", "input": {"n": 1}}]
             step = asyncio.ensure_future(rollouts.agather(graph, scenarios, 4, max_concurrency=4, store=store))
-            while not any(w.busy for w in rollouts.workers):  # runs under way (the graph loaded)
-                await asyncio.sleep(0.01)
-            await asyncio.sleep(0.3)
+            deadline = time.monotonic() + 120
+            while len(list(signals.glob("started-*"))) < 4 and time.monotonic() < deadline:  # all four running
+                await asyncio.sleep(0.02)
+            by_worker = Counter(int(path.name.split("-")[1]) for path in signals.glob("started-*"))
+            assert by_worker == {pids[0]: 2, pids[1]: 2}, (by_worker, pids)  # two runs in flight on each worker
             os.kill(pids[0], signal.SIGKILL)
+            await asyncio.sleep(0.5)  # its runs fail (nothing retries them), then the other worker's finish
+            (signals / "go").touch()
             return await step
 
         (group,), metrics = asyncio.run(gather_and_kill())
