@@ -10,8 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_engine_conformance import ENGINES
-
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 # The tiny lookup demo's warm-up in these short runs: 50 SFT steps leave the agent right on some runs of a question
@@ -38,22 +36,6 @@ def assert_grpo_updated(logged: list[dict]) -> list[dict]:
     assert [r["step"] for r in updated] == list(range(start + 1, start + 1 + len(updated))), updated
     assert evals[-1]["policy_step"] == start + len(updated), evals
     return updated
-
-
-@pytest.mark.parametrize("engine", ENGINES[1:])  # the transformers engine runs it from the command line below
-def test_demo_runs_warmup_then_grpo_and_writes_the_curve(tmp_path: Path, engine: str) -> None:
-    from langgraph_art.demos.lookup import called_lookup, run_demo, scenarios, warmup_conversations
-
-    lines: list[str] = []
-    result = run_demo(steps=3, warmup_steps=WARMUP, home=tmp_path, engine=engine, echo=lines.append)
-    assert len(result["curve"]) == 3 and result["png"].stat().st_size > 1000
-    assert any(line.startswith(f"warm-up: {WARMUP} SFT steps") for line in lines)
-    logged = run_log(result["png"].parent / "metrics.jsonl")
-    assert [r["split"] for r in logged] == ["eval", "train", "eval", "train", "eval", "train", "eval"]
-    assert_grpo_updated(logged)
-    assert any("the same question after the warm-up and 3 GRPO steps" in line for line in lines)
-    assert len(scenarios()) == len(warmup_conversations()) == 6
-    assert called_lookup.name == "called_lookup"
 
 
 def test_the_tiny_demo_runs_from_the_command_line(tmp_path: Path) -> None:

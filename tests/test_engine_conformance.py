@@ -368,6 +368,33 @@ def test_bad_adapter_folders_are_refused_and_the_engine_keeps_serving(server: An
 
 
 # -- through the app ------------------------------------------------------------------------------------------
+def test_vllm_refuses_what_it_cannot_serve_and_keeps_serving(server: Any, model_path: Path, tmp_path: Path) -> None:
+    """vLLM's own traps, on the suite's running vLLM engine (its own start-up cost ~60 s when it had its own):
+    DoRA and a rank above max_lora_rank are refused up front and the engine keeps serving; every load gets a fresh
+    vLLM LoRA id, and the one it replaced leaves vLLM."""
+    engine = server.engine
+    if not hasattr(engine, "vllm_lora_ids") or real(server):
+        pytest.skip("vLLM only (HFEngine serves DoRA through peft), on the tiny model")
+    dora = lora_folder(model_path, tmp_path / "dora", 1, use_dora=True)
+    wide = lora_folder(model_path, tmp_path / "wide", 2, r=16)
+    plain = lora_folder(model_path, tmp_path / "plain", 3)
+    loaded = engine.adapters()
+    for folder, message in ((dora, "DoRA"), (wide, "max_lora_rank=16")):
+        with pytest.raises(AdapterError, match=message):
+            server.run(engine.load_adapter("bad@1", str(folder)))
+    assert engine.adapters() == loaded
+    assert len(generate(server, prompt(server), max_tokens=4).samples[0].token_ids) == 4
+    server.run(engine.load_adapter("p@1", str(plain)))
+    first = engine.lora_ids()["p@1"]
+    server.run(engine.load_adapter("p@1", str(plain)))
+    second = engine.lora_ids()["p@1"]
+    assert second != first
+    assert first not in server.run(engine.vllm_lora_ids()) and second in server.run(engine.vllm_lora_ids())
+    server.run(engine.unload_adapter("p@1"))
+    assert second not in server.run(engine.vllm_lora_ids())
+    assert engine.adapters() == loaded
+
+
 def test_tool_calls_through_the_app(server: Any) -> None:
     """A forced call, parsed into OpenAI's tool_calls, streamed too; the real model also gets the argument right.
     (Calls a model writes on its own are parsed the same way: tests/test_server_openai.py.)"""

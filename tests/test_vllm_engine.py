@@ -21,7 +21,7 @@ from langgraph_art.serve.engines.vllm.engine import (
     lora_rank_for,
 )
 from langgraph_art.serve.publish import trainer_turn
-from tests.test_engine_conformance import generate, lora_folder, prompt, vllm_available
+from tests.test_engine_conformance import vllm_available
 
 
 def adapter_config(folder: Path, **fields: Any) -> Path:
@@ -183,43 +183,15 @@ needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vLLM is not instal
 @needs_vllm
 @pytest.mark.vllm
 @pytest.mark.slow
-def test_live_vllm_refuses_what_it_cannot_serve_and_keeps_serving(tmp_path: Path) -> None:
-    from langgraph_art.models.loading import resolve_model
-    from langgraph_art.serve.embedded import EmbeddedServer
-
-    model = Path(resolve_model("tiny-128"))
-    dora = lora_folder(model, tmp_path / "dora", 1, use_dora=True)
-    wide = lora_folder(model, tmp_path / "wide", 2, r=16)
-    plain = lora_folder(model, tmp_path / "plain", 3)
-    engine = VLLMEngine(str(model), max_lora_rank=8, device="cpu", kv_cache_gib=0.25)
-    with EmbeddedServer(engine) as running:
-        for folder, message in ((dora, "DoRA"), (wide, "max_lora_rank=16")):
-            with pytest.raises(AdapterError, match=message):
-                running.run(engine.load_adapter("bad@1", str(folder)))
-        assert engine.adapters() == {}
-        ids = prompt(running)
-        assert len(generate(running, ids, max_tokens=4).samples[0].token_ids) == 4
-        # a fresh vLLM LoRA id for every load; the replaced one leaves vLLM
-        running.run(engine.load_adapter("p@1", str(plain)))
-        first = engine.lora_ids()["p@1"]
-        running.run(engine.load_adapter("p@1", str(plain)))
-        second = engine.lora_ids()["p@1"]
-        assert second != first
-        assert running.run(engine.vllm_lora_ids()) == {second}
-        running.run(engine.unload_adapter("p@1"))
-        assert running.run(engine.vllm_lora_ids()) == set()
-
-
-@needs_vllm
-@pytest.mark.vllm
-@pytest.mark.slow
 def test_local_backend_trains_with_vllm_sampling(tmp_path: Path) -> None:
-    """The embedded loop on vLLM: an async graph's runs sampled by vLLM, whose logprobs the trainer reproduces
-    (importance ratio 1 before the update), and each step's checkpoint served by vLLM as ``project/name@step``; then
+    """The embedded loop on vLLM: an SFT warm-up served by vLLM, an async graph's runs sampled by vLLM, whose logprobs
+    the trainer reproduces (importance ratio 1 before the update), and each step's checkpoint served by vLLM as
+    ``project/name@step`` (the demo on vLLM checked these, at ~110 s of the vLLM half's 605 s); then
     LangChain's create_agent trained with ``atrain`` inside a running event loop, twice on that loop."""
     import asyncio
 
     import langgraph_art as art
+    from langgraph_art.demos.lookup import warmup_conversations
     from tests.test_async_training import SCENARIOS, assert_trained, async_node_graph, varied
 
     options = {"kv_cache_gib": 0.25, "max_lora_rank": 8}
@@ -228,8 +200,12 @@ def test_local_backend_trains_with_vllm_sampling(tmp_path: Path) -> None:
         llm = art.ChatART(model=model, temperature=1.0, max_tokens=8)  # type: ignore[call-arg,arg-type]
         config = art.GRPOConfig(learning_rate=1e-4, seed=0, lora_r=8)
         trainer = art.Trainer(async_node_graph(llm), model, rewards=[varied], num_generations=4, config=config)
+        losses = trainer.warmup(warmup_conversations(), steps=3, learning_rate=5e-3)  # an SFT warm-up, vLLM serves it
+        assert len(losses) == 3 and losses[-1] < losses[0], losses
+        assert backend.current_step(model) == 1 and "v/agent@1" in backend.server("tiny-128").engine.adapters()
         history = trainer.train(SCENARIOS, steps=3, progress=False)
         assert_trained(history, 3)
+        assert history[0]["policy_step"] == 1  # the first rollouts sampled the warm-up's adapter
         assert all(abs(m["train/ratio_mean"] - 1.0) < 1e-3 for m in history), history
         engine = backend.server("tiny-128").engine
         assert isinstance(engine, VLLMEngine)
