@@ -1,13 +1,16 @@
 """The shared test helpers live in ``langgraph_art.testing`` (the integrations' tests use them too); waiting on a
 condition is here."""
 
+from __future__ import annotations
+
 import asyncio
 import contextlib
 import os
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from langgraph_art.testing import (
     WEATHER_ANSWER,
@@ -94,3 +97,17 @@ def serving(argv: list[str], port: int, what: str, seconds: float = 180) -> Iter
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+if TYPE_CHECKING:
+    from langgraph_art.serve.engines.base import GenerationResult
+
+
+def assert_same_samples(
+    got: Sequence[GenerationResult], want: Sequence[GenerationResult], tolerance: float = 1e-4
+) -> None:
+    """Two engines' results for the same requests: the same token ids, logprobs within ``tolerance``."""
+    for result, expected in zip(got, want, strict=True):
+        for sample, reference in zip(result.samples, expected.samples, strict=True):
+            assert sample.token_ids == reference.token_ids
+            assert max(abs(a - b) for a, b in zip(sample.logprobs, reference.logprobs, strict=True)) < tolerance

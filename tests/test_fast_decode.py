@@ -18,7 +18,7 @@ from langgraph_art.serve.engines.base import GenerationRequest, SamplingParams  
 from langgraph_art.serve.engines.hf.engine import HFEngine  # noqa: E402
 from langgraph_art.serve.engines.hf.fast import FastLM, unsupported  # noqa: E402
 from langgraph_art.serve.engines.hf.prefill import build_prefill  # noqa: E402
-from tests.helpers import WEATHER_PROMPTS, WEATHER_TOOL  # noqa: E402
+from tests.helpers import WEATHER_PROMPTS, WEATHER_TOOL, assert_same_samples  # noqa: E402
 
 
 def small_llama(attention_bias: bool) -> Any:
@@ -210,10 +210,7 @@ async def test_prompts_prefilled_apart_with_their_common_beginning_once_sample_t
     ]
     got = await asyncio.gather(*(fast.generate(copy.deepcopy(r)) for r in requests))
     want = await asyncio.gather(*(plain.generate(copy.deepcopy(r)) for r in requests))
-    for result, expected in zip(got, want, strict=True):
-        for sample, reference in zip(result.samples, expected.samples, strict=True):
-            assert sample.token_ids == reference.token_ids
-            assert max(abs(a - b) for a, b in zip(sample.logprobs, reference.logprobs, strict=True)) < 1e-4
+    assert_same_samples(got, want)
     if not prefix_cache:
         assert common in calls and {len(p) - common for p in ids} <= set(calls)  # the beginning once, then each rest
     else:

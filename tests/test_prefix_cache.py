@@ -18,7 +18,7 @@ from langgraph_art.errors import ConfigError  # noqa: E402
 from langgraph_art.serve.engines.base import GenerationRequest, GenerationResult, SamplingParams  # noqa: E402
 from langgraph_art.serve.engines.hf.engine import HFEngine  # noqa: E402
 from langgraph_art.serve.engines.hf.prefix_cache import PrefixCache  # noqa: E402
-from tests.helpers import WEATHER_TOOL  # noqa: E402
+from tests.helpers import WEATHER_TOOL, assert_same_samples  # noqa: E402
 from tests.test_fast_decode import save_adapter  # noqa: E402
 
 
@@ -116,10 +116,7 @@ async def both(on: HFEngine, off: HFEngine, requests: list[GenerationRequest]) -
     """Each request on both engines (each engine's concurrently: batches, joins); asserts they sample the same."""
     got = await asyncio.gather(*(on.generate(copy.deepcopy(r)) for r in requests))
     want = await asyncio.gather(*(off.generate(copy.deepcopy(r)) for r in requests))
-    for result, expected in zip(got, want, strict=True):
-        for sample, reference in zip(result.samples, expected.samples, strict=True):
-            assert sample.token_ids == reference.token_ids
-            assert max(abs(a - b) for a, b in zip(sample.logprobs, reference.logprobs, strict=True)) < 1e-4
+    assert_same_samples(got, want)
     return got
 
 
