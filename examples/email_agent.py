@@ -1,17 +1,20 @@
-"""An email search agent in the style of ART·E: it answers questions about an inbox with three tools.
+"""An email agent in the style of ART·E, sized for SmolLM2-135M: it searches an inbox, reads an email, answers.
 
-The inbox is synthetic, generated offline into SQLite: a few hundred emails (senders, dates, subjects, bodies),
-some holding a fact a question asks for (a flight's confirmation code, an invoice's amount, a meeting's room).
-The agent calls ``search_inbox(keywords)``, ``read_email(email_id)`` and finally ``answer(text)``. Two rewards:
-``correct_answer`` (code: the answer holds the fact) and a ``RulerJudge`` that compares the runs of a group. Offline the
-judge is ``GroundedJudge``, a scripted stand-in (a LangChain chat model that scores each run by what it did:
-searched, read, answered with words from an email it read); on a real setup use any chat model.
+The inbox is generated from a seed into SQLite: 60 emails (senders, dates, subjects, bodies), half of them holding a
+fact that one question asks for (a flight's confirmation code, an invoice's amount, a meeting's room). The fact is
+only in the email's body, never in its subject or in the question, so it cannot be guessed: the agent has to call
+``search_inbox(keywords)`` (ids and subjects of the best matches), ``read_email(email_id)`` (the body) and finally
+``answer(text)``. Every turn must call one of the three (``tool_choice="required"``); the loop ends at ``answer``
+or after ``MAX_TURNS`` turns. Questions on the last emails are held out.
 
-Offline, tiny model (it learns the order of the calls; it rarely copies the fact right):
-    OMP_NUM_THREADS=1 python examples/email_agent.py --steps 20
-On a real model (GPU) with a real judge:
-    python examples/email_agent.py --base-model Qwen/Qwen2.5-7B-Instruct --warmup-steps 0 --steps 100 \\
-        --learning-rate 1e-5 --temperature 1.0 --engine vllm --judge openai:gpt-4.1-mini
+The untrained model rarely gets there on its own (it writes keywords and ids it made up), so the conversation starts
+with one worked example: a question on another email, answered with the three calls. That is the bootstrapping: in
+context, no SFT. GRPO then trains on the agent's own runs with two rewards: ``correct_answer`` (1 when the answer
+holds the fact) and ``read_the_email`` (0.25 when the run read the email holding it). The held-out score is
+``correct_answer`` alone.
+
+    python examples/email_agent.py                   # SmolLM2-135M, offline; seeds and numbers: benchmarks/README.md
+    python examples/email_agent.py --judge openai:gpt-4.1-mini   # adds a RULER judge (network and a key)
 """
 
 from __future__ import annotations
@@ -23,49 +26,55 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from harness import grpo_config, parse_args, report, trainable_model, warm_up
-from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage, BaseMessage
-from langchain_core.outputs import ChatGeneration, ChatResult
+from harness import THREADS_OPTION, grpo_config, parse_args, report, trainable_model, use_threads
+from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import tool
-from langchain_core.utils.function_calling import convert_to_openai_tool
 from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 
 import langgraph_art as art
 
-SYSTEM = "You answer questions about the user's inbox. Search it, read the email, then call answer."
+SYSTEM = (
+    "You answer questions about the user's inbox with tools. First call search_inbox with words from the question, "
+    "then read_email with the id of the email that matches, then answer with the fact from that email."
+)
+FORCE_SEARCH = True
+MAX_TURNS = 4  # agent turns per question: search, read, answer, and one to spare
 CITIES = ["Lisbon", "Oslo", "Denver", "Kyoto", "Nairobi", "Quito", "Dublin", "Hanoi"]
 COMPANIES = ["Acme", "Globex", "Initech", "Umbrella", "Hooli", "Vandelay", "Stark", "Wayne"]
 PEOPLE = ["Alice", "Bruno", "Chen", "Dana", "Emeka", "Fatima", "Goran", "Hana"]
 FILLER = ["Weekly newsletter", "Your order has shipped", "Team lunch", "Password reminder", "Holiday schedule"]
+CODE_LETTERS = "ABCDEFGHJKLMNPQRSTUVWXYZ23456789"
 
 
-def make_inbox(path: Path, *, emails: int = 300, seed: int = 0) -> list[dict[str, Any]]:
-    """Write the synthetic inbox; return one question per fact email (three in ten hold one)."""
+def make_inbox(path: Path, *, emails: int = 60, seed: int = 0) -> list[dict[str, Any]]:
+    """Write the inbox to ``path``; return one question per email that holds a fact (every other email)."""
     rng, rows, questions = random.Random(seed), [], []
-    for i in range(emails):
-        date = f"2026-{rng.randrange(1, 13):02d}-{rng.randrange(1, 29):02d}"
-        kind = i % 3 if i % 10 < 3 else None
+    numbers = rng.sample(range(100, 1000), emails)  # the flight/invoice/meeting numbers: unique in the inbox
+    for i, n in enumerate(numbers):
+        email_id, date = f"e{i + 1}", f"2026-{rng.randrange(1, 13):02d}-{rng.randrange(1, 29):02d}"
+        kind = (i // 2) % 3 if i % 2 == 0 else None
         if kind == 0:
-            city, code = rng.choice(CITIES), "".join(rng.choice("ABCDEFGHJKLMNPQRSTUVWXYZ23456789") for _ in range(6))
-            subject, body = f"Flight TP{i} to {city}", f"Flight TP{i} to {city} is booked. Confirmation code {code}."
-            question, fact, keywords = f"What is the confirmation code of flight TP{i}?", code, f"flight TP{i}"
+            city, code = rng.choice(CITIES), "".join(rng.choice(CODE_LETTERS) for _ in range(5))
+            subject, body = f"Flight {n} to {city}", f"Your flight {n} to {city} is booked. Confirmation code: {code}."
+            question, fact = f"What is the confirmation code of flight {n}?", code
         elif kind == 1:
             company, amount = rng.choice(COMPANIES), f"{rng.randrange(100, 999)}.00"
-            subject, body = f"Invoice INV{i} from {company}", f"Invoice INV{i}: the amount due is {amount} EUR."
-            question, fact, keywords = f"How much is invoice INV{i} from {company}?", amount, f"invoice INV{i}"
+            subject = f"Invoice {n} from {company}"
+            body = f"Invoice {n} from {company}: the amount due is {amount} EUR."
+            question, fact = f"How much is invoice {n}?", amount
         elif kind == 2:
-            person, room = rng.choice(PEOPLE), f"room {rng.randrange(100, 500)}"
-            subject, body = f"Meeting MT{i} with {person}", f"Meeting MT{i} with {person} is in {room}."
-            question, fact, keywords = f"Which room is meeting MT{i} with {person} in?", room, f"meeting MT{i}"
+            person, room = rng.choice(PEOPLE), f"room {rng.randrange(10, 99)}"
+            subject, body = f"Meeting {n} with {person}", f"Meeting {n} with {person} will be held in {room}."
+            question, fact = f"Which room is meeting {n} in?", room
         else:
-            subject, body = rng.choice(FILLER), "Nothing that needs an answer."
+            subject, body = f"{rng.choice(FILLER)} {n}", "Nothing that needs an answer."
         if kind is not None:
-            scenario = {"id": f"q{i}", "question": question, "fact": fact, "keywords": keywords}
-            questions.append({**scenario, "input": {"messages": [("system", SYSTEM), ("user", question)]}})
+            keywords = " ".join(subject.split()[:2]).lower()  # "flight 964": what a good search asks for
+            questions.append({"id": email_id, "question": question, "fact": fact, "email_id": email_id,
+                              "keywords": keywords})  # fmt: skip
         sender = f"{rng.choice(PEOPLE).lower()}@{rng.choice(COMPANIES).lower()}.example"
-        rows.append((f"m{i:03d}", sender, date, subject, body))
+        rows.append((email_id, sender, date, subject, body))
     path.parent.mkdir(parents=True, exist_ok=True)
     with sqlite3.connect(path) as db:
         db.execute("DROP TABLE IF EXISTS emails")
@@ -74,30 +83,35 @@ def make_inbox(path: Path, *, emails: int = 300, seed: int = 0) -> list[dict[str
     return questions
 
 
+def words(text: str) -> set[str]:
+    return set(re.findall(r"[a-z0-9]+", text.lower()))
+
+
 def inbox_tools(db: Path) -> dict[str, Any]:
     """The agent's tools over the inbox at ``db``, by name."""
 
-    def query(sql: str, args: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    def rows() -> list[tuple[str, ...]]:
         with sqlite3.connect(db) as connection:
-            return connection.execute(sql, args).fetchall()
+            return connection.execute("SELECT id, date, sender, subject, body FROM emails").fetchall()
 
     @tool
     def search_inbox(keywords: str) -> str:
-        """Search the inbox; returns up to 5 emails (id, date, sender, subject) holding every keyword, newest first."""
-        words = {w for w in re.findall(r"\w+", keywords.lower()) if len(w) > 2}
-        if not words:
-            return "No keywords given."
-        rows = query("SELECT id, date, sender, subject, body FROM emails ORDER BY date DESC, id", ())
-        hits = [row[:4] for row in rows if words <= set(re.findall(r"\w+", f"{row[3]} {row[4]}".lower()))]
-        return "\n".join(" | ".join(row) for row in hits[:5]) or "No emails found."
+        """Search the inbox: the ids, senders and subjects of the 3 emails that share the most words with the
+        keywords."""
+        query = words(keywords)
+        scored = sorted(((len(query & words(f"{r[3]} {r[4]}")), r) for r in rows()), key=lambda s: -s[0])
+        hits = [row for score, row in scored[:3] if score]
+        return "\n".join(f"{r[0]} | {r[2]} | {r[3]}" for r in hits) or "No emails found."
 
     @tool
     def read_email(email_id: str) -> str:
-        """Read one email by its id."""
-        rows = query("SELECT id, date, sender, subject, body FROM emails WHERE id = ?", (email_id.strip(),))
-        if not rows:
-            return f"No email with id {email_id!r}."
-        return "\n".join(f"{k}: {v}" for k, v in zip(("id", "date", "from", "subject", "body"), rows[0], strict=True))
+        """Read one email by its id (such as e12)."""
+        found = re.search(r"e\d+", email_id.lower())
+        match = [r for r in rows() if found and r[0] == found.group()]
+        if not match:
+            return f"No email with id {email_id!r}: use an id that search_inbox returned."
+        email_id, _, _, subject, body = match[0]
+        return f"id: {email_id}\nsubject: {subject}\nbody: {body}"
 
     @tool
     def answer(text: str) -> str:
@@ -107,17 +121,47 @@ def inbox_tools(db: Path) -> dict[str, Any]:
     return {"search_inbox": search_inbox, "read_email": read_email, "answer": answer}
 
 
+def worked_example(tools: dict[str, Any], example: dict[str, Any]) -> list[Any]:
+    """One question answered with the three calls, as messages (the real tools' results): the in-context example
+    every conversation starts with."""
+    calls = [
+        ("search_inbox", {"keywords": example["keywords"]}),
+        ("read_email", {"email_id": example["email_id"]}),
+        ("answer", {"text": example["fact"]}),
+    ]
+    messages: list[Any] = [HumanMessage(example["question"])]
+    for n, (name, arguments) in enumerate(calls):
+        call_id = f"example_{n}"
+        messages.append(AIMessage("", tool_calls=[{"id": call_id, "name": name, "args": arguments}]))
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": tools[name].invoke(arguments)})
+    return messages
+
+
+def scenarios(questions: list[dict[str, Any]], example: list[Any]) -> list[dict[str, Any]]:
+    """Each question as a scenario whose ``input`` is the system prompt, the worked example and the question."""
+    return [{**q, "input": {"messages": [("system", SYSTEM), *example, ("user", q["question"])]}} for q in questions]
+
+
+def turns_since_question(messages: list[Any]) -> int:
+    last_question = max(i for i, m in enumerate(messages) if isinstance(m, HumanMessage))
+    return sum(isinstance(m, AIMessage) for m in messages[last_question:])
+
+
 def build_graph(llm: art.ChatART, tools: dict[str, Any]) -> Any:
-    model = llm.bind_tools(list(tools.values()))
+    """The agent: every turn calls a tool; ``answer`` ends the run, so does the ``MAX_TURNS``-th turn."""
+    every = list(tools.values())
+    searching = llm.bind_tools(every, tool_choice="search_inbox", parallel_tool_calls=False)
+    choosing = llm.bind_tools(every, tool_choice="required", parallel_tool_calls=False)
 
     def agent(state: MessagesState) -> dict[str, Any]:
+        model = searching if FORCE_SEARCH and not tool_calls(state) else choosing
         return {"messages": [model.invoke(state["messages"])]}
 
     def route(state: MessagesState) -> str:
         calls = getattr(state["messages"][-1], "tool_calls", None) or []
         if not calls or any(c["name"] == "answer" for c in calls):
             return END
-        return "tools"
+        return END if turns_since_question(state["messages"]) >= MAX_TURNS else "tools"
 
     graph = StateGraph(MessagesState)
     graph.add_node("agent", agent)
@@ -125,7 +169,7 @@ def build_graph(llm: art.ChatART, tools: dict[str, Any]) -> Any:
     graph.add_edge(START, "agent")
     graph.add_conditional_edges("agent", route, ["tools", END])
     graph.add_edge("tools", "agent")
-    return graph.compile().with_config(recursion_limit=10)
+    return graph.compile()
 
 
 def final_answer(state: Any) -> str:
@@ -135,105 +179,124 @@ def final_answer(state: Any) -> str:
     return ""
 
 
+def tool_calls(state: Any) -> list[dict[str, Any]]:
+    """The calls the agent made for the question (the worked example's excluded)."""
+    messages = state["messages"]
+    last_question = max(i for i, m in enumerate(messages) if isinstance(m, HumanMessage))
+    return [c for m in messages[last_question:] for c in getattr(m, "tool_calls", None) or []]
+
+
 @art.reward
 def correct_answer(state, scenario) -> float:
     """1 when the answer holds the fact the question asks for."""
     return float(scenario["fact"].lower() in final_answer(state).lower())
 
 
-class GroundedJudge(BaseChatModel):
-    """The offline stand-in for a judge model: reads the group as ``RulerJudge`` renders it and scores each run by
-    what it did (0.2 searched, +0.3 read an email, +0.5 answered with a word of an email it read). A real judge
-    (``--judge``) reads the same prompt."""
-
-    @property
-    def _llm_type(self) -> str:
-        return "grounded-judge"
-
-    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kw: Any) -> Any:
-        prompt = str(messages[-1].content)
-        scores = []
-        for run_id, body in re.findall(r'<run id="([^"]+)">(.*?)</run>', prompt, re.S):
-            read = " ".join(re.findall(r"body: (.*)", body))
-            answered = re.findall(r"-> calls answer\((.*)\)", body)
-            grounded = bool(answered) and any(w in read for w in re.findall(r"[\w.]{3,}", answered[-1]))
-            score = 0.2 * ("-> calls search_inbox" in body) + 0.3 * bool(read) + 0.5 * grounded
-            scores.append({"trajectory_id": run_id, "explanation": f"read={bool(read)} grounded={grounded}",
-                           "score": round(score, 2)})  # fmt: skip
-        message = AIMessage(json.dumps({"scores": scores}))
-        return ChatResult(generations=[ChatGeneration(message=message)])
+@art.reward(weight=0.25)
+def read_the_email(state, scenario) -> float:
+    """1 when the run read the email that holds the fact and then answered (a step on the way, worth a quarter of
+    the right answer; a run that only reads and never answers gets nothing: without that condition the agent learnt
+    to read the right email until its turns ran out)."""
+    if not any(c["name"] == "answer" for c in tool_calls(state)):
+        return 0.0
+    reads = [c for c in tool_calls(state) if c["name"] == "read_email"]
+    return float(any(re.search(rf"\b{scenario['email_id']}\b", str(c["args"].get("email_id", ""))) for c in reads))
 
 
-def judge_model(spec: str | None) -> BaseChatModel:
-    """``provider:model`` through LangChain's ``init_chat_model`` (network and a key), or the offline stand-in."""
+@art.reward(weight=0)
+def calls_before_answer(state) -> float:
+    """How many searches and reads the run made (weight 0: reported, not rewarded)."""
+    return float(sum(c["name"] != "answer" for c in tool_calls(state)))
+
+
+def held_out_summary(trainer: art.Trainer) -> list[dict[str, float]]:
+    """Per evaluation: the share answered right, the share that read the right email, and the searches and reads
+    of the runs that answered right (mean)."""
+    rows = []
+    for e in trainer.evals:
+        runs = trainer.store.trajectories(split="eval", step=e["policy_step"])
+        right = [r for r in runs if r.rewards.get("correct_answer") == 1]
+        calls = [r.rewards.get("calls_before_answer", 0.0) for r in right]
+        rows.append({"step": e["iteration"], "right": e["eval/reward/correct_answer"],
+                     "read": e["eval/reward/read_the_email"], "calls_when_right": sum(calls) / max(len(calls), 1),
+                     "calls": e["eval/reward/calls_before_answer"], "runs": len(runs)})  # fmt: skip
+    return rows
+
+
+def reward_only(fn: Any) -> Any:
+    """``fn`` reported at weight 0 (the held-out score is the answer alone)."""
+    return art.reward(fn.fn, name=fn.name, weight=0)
+
+
+def judge_model(spec: str | None) -> Any:
+    """``provider:model`` through LangChain's ``init_chat_model`` (network and a key), or None."""
     if not spec:
-        return GroundedJudge()
+        return None
     from langchain.chat_models import init_chat_model
 
     return init_chat_model(spec)
 
 
-def warmup_conversations(
-    questions: list[dict[str, Any]], tools: dict[str, Any], count: int = 24
-) -> list[dict[str, Any]]:
-    """The right sequence for some questions: search with the question's keywords, read the newest hit, answer."""
-    schemas = [convert_to_openai_tool(t) for t in tools.values()]
-    examples = []
-    for q in questions[:count]:
-        found = tools["search_inbox"].invoke({"keywords": q["keywords"]})
-        email_id = found.split(" | ")[0]
-        calls = [("search_inbox", {"keywords": q["keywords"]}), ("read_email", {"email_id": email_id})]
-        messages: list[dict[str, Any]] = [
-            {"role": "system", "content": SYSTEM},
-            {"role": "user", "content": q["question"]},
-        ]
-        for n, (name, arguments) in enumerate(calls):
-            call = {
-                "id": f"call_{n}",
-                "type": "function",
-                "function": {"name": name, "arguments": json.dumps(arguments)},
-            }
-            messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
-            result = tools[name].invoke(arguments)
-            messages.append({"role": "tool", "tool_call_id": f"call_{n}", "content": result})
-        final = {
-            "id": "call_9",
-            "type": "function",
-            "function": {"name": "answer", "arguments": json.dumps({"text": q["fact"]})},
-        }
-        messages.append({"role": "assistant", "content": "", "tool_calls": [final]})
-        examples.append({"tools": schemas, "messages": messages})
-    return examples
+def inbox_path(home: str | Path, seed: int) -> Path:
+    return Path(home) / "email-agent" / f"inbox-{seed}.sqlite"
 
 
 def open_inbox(home: str | Path, seed: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The inbox written under ``home``: its questions and the tools over it."""
-    db = Path(home) / "email-agent" / f"inbox-{seed}.sqlite"
+    db = inbox_path(home, seed)
     return make_inbox(db, seed=seed), inbox_tools(db)
 
 
+def split(questions: list[dict[str, Any]], tools: dict[str, Any], held_out: int) -> tuple[list, list]:
+    """The worked example (the first question), the training questions and the ``held_out`` last ones, as
+    scenarios."""
+    example = worked_example(tools, questions[0])
+    rest = scenarios(questions[1:], example)
+    return rest[:-held_out], rest[-held_out:]
+
+
+EVAL_REWARDS = [correct_answer, reward_only(read_the_email), calls_before_answer]  # held out: the fact alone
+DEFAULTS = {"steps": 15, "warmup_steps": 0, "max_tokens": 48, "base_model": "smollm2-135m", "learning_rate": 4e-4,
+            "num_generations": 6, "scenarios_per_step": 2}  # fmt: skip
+OPTIONS = [
+    ("--held-out", {"type": int, "default": 10, "help": "questions held out for evaluation"}),
+    ("--eval-generations", {"type": int, "default": 4, "help": "runs per held-out question"}),
+    ("--eval-every", {"type": int, "default": None,
+                      "help": "steps between held-out evaluations (default: before the first and after the last)"}),
+    THREADS_OPTION,
+]  # fmt: skip
+
+
 def main(argv: list[str] | None = None, *, echo: Any = print) -> dict[str, Any]:
-    judge_option = ("--judge", {"default": None, "help": "provider:model of a judge (e.g. openai:gpt-4.1-mini)"})
-    args = parse_args(__doc__ or "", argv, steps=20, warmup_steps=150, max_tokens=64, options=[judge_option])
+    judge_option = ("--judge", {"default": None, "help": "provider:model of a RULER judge (e.g. openai:gpt-4.1-mini)"})
+    args = parse_args(__doc__ or "", argv, options=[*OPTIONS, judge_option], **DEFAULTS)
+    if args.warmup_steps:
+        raise SystemExit("--warmup-steps: this example learns without SFT (its bootstrap is the worked example)")
+    use_threads(args)
     questions, tools = open_inbox(args.home, args.seed)
-    train, held_out = questions[:-12], questions[-12:]
-    judge = art.RulerJudge(judge_model(args.judge), cache=False, on_error="skip", weight=0.5)
+    train, held_out = split(questions, tools, args.held_out)
+    rewards: list[Any] = [correct_answer, read_the_email]
+    judge = judge_model(args.judge)
+    if judge is not None:
+        rewards.append(art.RulerJudge(judge, cache=False, on_error="skip", weight=0.5))
     with trainable_model(args, f"email-agent-{args.seed}", "examples") as (model, llm):
         trainer = art.Trainer(
             build_graph(llm, tools),
             model,
-            rewards=[correct_answer, judge],
+            rewards=rewards,
             num_generations=args.num_generations,
             scenarios_per_step=args.scenarios_per_step,
             config=grpo_config(args),
             eval_scenarios=held_out,
-            eval_every=10,
-            eval_rewards=[correct_answer],  # held out: the fact, no judge
+            eval_every=args.eval_every,
+            eval_generations=args.eval_generations,
+            eval_rewards=EVAL_REWARDS,
         )
-        warm_up(trainer, warmup_conversations(train, tools), args, echo=echo)
         history = trainer.train(train, steps=args.steps)
-        summary = report(trainer, history, echo=echo, shown="a run")
-        echo(f"judge calls: {judge.usage['calls']:.0f}")
+        summary = report(trainer, history, echo=echo, shown="a held-out run")
+        summary["held_out"] = held_out_summary(trainer)
+        for row in summary["held_out"]:
+            echo(json.dumps(row))
         return summary
 
 
