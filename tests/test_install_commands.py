@@ -68,7 +68,7 @@ def fresh_tree(target: Path) -> Path:
 def test_ci_installs_with_the_readmes_development_block_exactly() -> None:
     readme = [m.group(1).strip() for m in BLOCK.finditer((ROOT / "README.md").read_text())]
     assert ci_install() in readme, ci_install()
-    assert '-e ".[dev]"' in ci_install() and "pip install torch==" in ci_install()
+    assert '-e ".[dev,mcp]"' in ci_install() and "pip install torch==" in ci_install()
     assert "--upgrade pip" not in (ROOT / ".ci" / "run").read_text()  # Python's own pip, as a user has it
 
 
