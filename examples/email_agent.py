@@ -28,7 +28,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from harness import THREADS_OPTION, grpo_config, parse_args, report, trainable_model, use_threads
+from harness import THREADS_OPTION, held_out_trainer, parse_args, report, trainable_model, use_threads
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import tool
 from langgraph.graph import END, START, MessagesState, StateGraph
@@ -282,18 +282,8 @@ def main(argv: list[str] | None = None, *, echo: Any = print) -> dict[str, Any]:
     if judge is not None:
         rewards.append(art.RulerJudge(judge, cache=False, on_error="skip", weight=0.5))
     with trainable_model(args, f"email-agent-{args.seed}", "examples") as (model, llm):
-        trainer = art.Trainer(
-            build_graph(llm, tools),
-            model,
-            rewards=rewards,
-            num_generations=args.num_generations,
-            scenarios_per_step=args.scenarios_per_step,
-            config=grpo_config(args),
-            eval_scenarios=held_out,
-            eval_every=args.eval_every,
-            eval_generations=args.eval_generations,
-            eval_rewards=EVAL_REWARDS,
-        )
+        graph = build_graph(llm, tools)
+        trainer = held_out_trainer(graph, model, args, rewards=rewards, held_out=held_out, eval_rewards=EVAL_REWARDS)
         history = trainer.train(train, steps=args.steps)
         summary = report(trainer, history, echo=echo, shown="a held-out run")
         summary["held_out"] = held_out_summary(trainer)

@@ -18,11 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import email_agent as agent
-from harness import grpo_config, parse_args, report, trainable_model, use_threads
+from harness import held_out_trainer, parse_args, report, trainable_model, use_threads
 from langchain_mcp_adapters.client import MultiServerMCPClient
 from langchain_mcp_adapters.tools import load_mcp_tools
-
-import langgraph_art as art
 
 SERVER = Path(__file__).with_name("inbox_mcp_server.py")
 
@@ -44,18 +42,10 @@ async def amain(argv: list[str] | None = None, *, echo: Any = print) -> dict[str
     async with mcp_client(db, Path(args.mcp_calls) if args.mcp_calls else None).session("inbox") as session:
         tools = {tool.name: tool for tool in await load_mcp_tools(session)}
         with trainable_model(args, f"email-agent-mcp-{args.seed}", "examples") as (model, llm):
-            trainer = art.Trainer(
-                agent.build_graph(llm, tools),
-                model,
-                rewards=[agent.correct_answer, agent.read_the_email],
-                num_generations=args.num_generations,
-                scenarios_per_step=args.scenarios_per_step,
-                config=grpo_config(args),
-                eval_scenarios=held_out,
-                eval_every=args.eval_every,
-                eval_generations=args.eval_generations,
-                eval_rewards=agent.EVAL_REWARDS,
-            )
+            rewards = [agent.correct_answer, agent.read_the_email]
+            graph = agent.build_graph(llm, tools)
+            trainer = held_out_trainer(graph, model, args, rewards=rewards, held_out=held_out,
+                                       eval_rewards=agent.EVAL_REWARDS)  # fmt: skip
             history = await trainer.atrain(train, steps=args.steps)
             summary = report(trainer, history, echo=echo, shown="a held-out run")
             summary["held_out"] = agent.held_out_summary(trainer)

@@ -82,6 +82,31 @@ def grpo_config(args: argparse.Namespace, **overrides: Any) -> art.GRPOConfig:
     )
 
 
+def held_out_trainer(
+    graph: Any,
+    model: art.TrainableModel,
+    args: argparse.Namespace,
+    *,
+    rewards: list[Any],
+    held_out: list[Any],
+    eval_rewards: list[Any],
+) -> art.Trainer:
+    """A ``Trainer`` with the shared options (``--num-generations``, ``--scenarios-per-step``, the GRPO options,
+    ``--eval-every``, ``--eval-generations``) and a held-out evaluation on ``held_out``, scored by ``eval_rewards``."""
+    return art.Trainer(
+        graph,
+        model,
+        rewards=rewards,
+        num_generations=args.num_generations,
+        scenarios_per_step=args.scenarios_per_step,
+        config=grpo_config(args),
+        eval_scenarios=held_out,
+        eval_every=args.eval_every,
+        eval_generations=args.eval_generations,
+        eval_rewards=eval_rewards,
+    )
+
+
 def warm_up(trainer: art.Trainer, examples: list[dict[str, Any]], args: argparse.Namespace, *, echo: Any) -> None:
     """The SFT warm-up before RL (none with ``--warmup-steps 0``), its loss printed."""
     if args.warmup_steps:

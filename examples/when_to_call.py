@@ -22,7 +22,7 @@ import json
 import random
 from typing import Any
 
-from harness import THREADS_OPTION, grpo_config, parse_args, report, trainable_model, use_threads, warm_up
+from harness import THREADS_OPTION, held_out_trainer, parse_args, report, trainable_model, use_threads, warm_up
 from langchain.agents import create_agent
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
@@ -200,18 +200,8 @@ def main(argv: list[str] | None = None, *, echo: Any = print) -> dict[str, Any]:
         graph = create_agent(model=llm, tools=[check_stock], system_prompt=SYSTEM)
         before = evaluate(graph, held_out, EVAL_REWARDS, num_generations=args.eval_generations)
         untrained = rates([t for g in before.groups for t in g.trajectories], -1)  # no warm-up, no step
-        trainer = art.Trainer(
-            graph,
-            model,
-            rewards=[right_answer, wasted_call, called],
-            num_generations=args.num_generations,
-            scenarios_per_step=args.scenarios_per_step,
-            config=grpo_config(args),
-            eval_scenarios=held_out,
-            eval_every=args.eval_every,
-            eval_generations=args.eval_generations,
-            eval_rewards=EVAL_REWARDS,
-        )
+        rewards = [right_answer, wasted_call, called]
+        trainer = held_out_trainer(graph, model, args, rewards=rewards, held_out=held_out, eval_rewards=EVAL_REWARDS)
         warm_up(trainer, demonstrations(train_questions[: args.demonstrations], check_stock, examples), args, echo=echo)
         history = trainer.train(train, steps=args.steps)
         summary = report(trainer, history, echo=echo, shown="a held-out run")
