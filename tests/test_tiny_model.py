@@ -27,6 +27,28 @@ def test_build_is_deterministic_and_content_addressed(tiny_path: Path, tmp_path:
     assert not [p for p in rebuilt.parent.iterdir() if p.name.startswith(".")]  # no staging leftovers
 
 
+@pytest.mark.slow
+def test_two_environments_sharing_one_cache_each_keep_their_own_entry(
+    tiny_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``.venv`` and ``.venv-vllm`` share one cache with other transformers versions: a folder written by one is never
+    read as the other's (its config.json differs), because the writers' versions are part of the address."""
+    from langgraph_art.models import tiny
+
+    ours = tiny.writer_versions()
+    assert set(ours) == {"torch", "transformers", "tokenizers", "safetensors"}
+    assert tiny_recipe()["writers"] == ours
+    other = {**ours, "transformers": ours["transformers"] + ".other"}
+    monkeypatch.setattr(tiny, "writer_versions", lambda: other)
+    theirs = tiny_model(cache_dir=tmp_path)  # the other environment writes first
+    assert json.loads((theirs / "recipe.json").read_text())["writers"] == other
+    monkeypatch.undo()
+    mine = tiny_model(cache_dir=tmp_path)  # then this one: its own entry, not theirs
+    assert mine != theirs and mine.name == tiny_path.name
+    assert _digest(mine) == _digest(tiny_path)
+    assert sorted(p.name for p in (tmp_path / "tiny").iterdir()) == sorted([mine.name, theirs.name])
+
+
 def test_recipe_change_changes_address() -> None:
     assert tiny_recipe(seed=0) != tiny_recipe(seed=1)
     assert tiny_recipe(hidden_size=256)["intermediate_size"] == 1024

@@ -148,8 +148,21 @@ def render_chat(conversation: dict[str, Any], compiled: Any = None) -> str:
     )
 
 
+WRITERS = ("torch", "transformers", "tokenizers", "safetensors")
+
+
+def writer_versions() -> dict[str, str]:
+    """The installed versions of the packages that write the folder's files. They are part of the recipe: another
+    transformers writes another ``config.json`` (its own ``transformers_version``, new default keys), another torch may
+    draw other initial weights. Two environments that share one cache (``.venv`` and ``.venv-vllm`` do) therefore
+    each build and read their own entry, and an entry always holds what its address says, byte for byte."""
+    from importlib.metadata import version
+
+    return {name: version(name) for name in WRITERS}
+
+
 def tiny_recipe(vocab_size: int = 2048, hidden_size: int = 64, num_layers: int = 2, seed: int = 0) -> dict:
-    """Everything that determines the built folder; its hash names the cache entry."""
+    """Everything that determines the built folder, the writers' versions included; its hash names the cache entry."""
     return {
         "build_version": BUILD_VERSION,
         "vocab_size": vocab_size,
@@ -164,6 +177,7 @@ def tiny_recipe(vocab_size: int = 2048, hidden_size: int = 64, num_layers: int =
         "seed": seed,
         "template_sha": hashlib.sha256(chat_template().encode()).hexdigest()[:16],
         "builder_sha": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16],
+        "writers": writer_versions(),
     }
 
 
@@ -183,7 +197,8 @@ def tiny_model(
 ) -> Path:
     """Return the folder of a tiny, offline-built Qwen2 chat model, building it on first use.
 
-    The folder lives under ``<cache>/tiny/<hash of the recipe>``, so a changed recipe never reuses a stale build;
+    The folder lives under ``<cache>/tiny/<hash of the recipe>``, so a changed recipe (or another version of the
+    packages that write it: ``writer_versions``) never reuses a stale build;
     it is written to a temporary folder and renamed into place, so a killed build leaves no half folder.
     ``hidden_size=256, num_layers=6`` gives the ~5M-parameter variant used by the benchmarks.
     """
