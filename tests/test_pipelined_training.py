@@ -36,10 +36,15 @@ def test_max_steps_off_policy_is_checked(tmp_path: Path, bad: object) -> None:
 
 @pytest.mark.slow
 def test_pipelined_runs_learn_on_most_seeds_keep_what_they_learn_and_report_their_staleness(tmp_path: Path) -> None:
-    """Three seeds, because one curve is not a claim: which runs a pipelined step trains on depends on timing, and
-    on a machine under load seed 0 once never took off (see ``digits_trainer`` for the seeds measured)."""
-    learned = 0
-    for seed in range(3):
+    """Five seeds, because one curve is not a claim: which runs a pipelined step trains on depends on timing and on
+    the CPU's float rounding. Measured on seeds 0-9 (2 cores, OMP_NUM_THREADS=1), three ways: as is, with
+    ATEN_CPU_CAPABILITY=default (other kernels, other rounding) and with torch.backends.mkldnn off: 9 of 10 learned
+    each way (the last-10-step mean 0.86-1.00), none that learned lost it, and seed 9 never emitted a digit to learn
+    from. A seed that never learns updates rarely, and an update after a skipped step samples from the policy it
+    trains (ratio exactly 1): CI's other CPU once ran a seed whose 5 updates showed ratios of 1.0 and 0.97. So the
+    lag is asked of the seeds together, the keeping of what was learned of each."""
+    learned, deviations = 0, []
+    for seed in range(5):
         home = tmp_path / f"seed-{seed}"
         with art.LocalBackend(home=home, engine_options={"seed": seed}) as backend:
             _, trainer = digits_trainer(backend, max_tokens=32, seed=seed)
@@ -50,14 +55,18 @@ def test_pipelined_runs_learn_on_most_seeds_keep_what_they_learn_and_report_thei
         if max(rewards) >= 0.9:  # once learned, kept: no collapse to a digit-free policy
             assert statistics.fmean(rewards[-10:]) > 0.5, (seed, rewards)
         assert all(m["off_policy/steps_max"] <= 1 for m in history)  # never more than one update behind
-        assert any(m["off_policy/steps_max"] == 1 for m in history)  # and it did overlap
         ratios = [m["train/ratio_mean"] for m in history if m["train/updated"]]
-        assert all(math.isfinite(r) and r > 0 for r in ratios) and max(ratios) > 1.0001, ratios  # the lag shows
+        assert all(math.isfinite(r) and r > 0 for r in ratios), ratios
+        # a step sampled while the one before it trained saw the older policy: its ratio moves away from 1
+        deviations += [
+            abs(m["train/ratio_mean"] - 1) for m in history if m["train/updated"] and m["off_policy/steps_max"] == 1
+        ]
         lines = (trainer.run_dir / "metrics.jsonl").read_text().splitlines()
         assert [json.loads(line)["iteration"] for line in lines] == list(range(1, 41))  # in order, none lost
         stored = TrajectoryStore.for_project("pipelined", home)
         assert stored.count() == 40 * 8 and all(t.reward is not None for t in stored.trajectories())
-    assert learned >= 2, f"{learned} of 3 seeds learned"
+    assert learned >= 3, f"{learned} of 5 seeds learned"
+    assert len(deviations) >= 10 and max(deviations) > 1e-3, deviations  # it overlapped, and the lag shows
 
 
 @pytest.mark.slow
