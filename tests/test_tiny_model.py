@@ -31,15 +31,16 @@ def test_build_is_deterministic_and_content_addressed(tiny_path: Path, tmp_path:
 def test_two_environments_sharing_one_cache_each_keep_their_own_entry(
     tiny_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``.venv`` and ``.venv-vllm`` share one cache with other transformers versions: a folder written by one is never
-    read as the other's (its config.json differs), because the writers' versions are part of the address."""
+    """``.venv`` and ``.venv-vllm`` share one cache with other transformers versions (and a run under
+    ATEN_CPU_CAPABILITY=default shares it with other CPU kernels): a folder written by one is never read as the
+    other's (its config.json, its weights' last bits differ), because what wrote it is part of the address."""
     from langgraph_art.models import tiny
 
-    ours = tiny.writer_versions()
-    assert set(ours) == {"torch", "transformers", "tokenizers", "safetensors"}
+    ours = tiny.build_environment()
+    assert set(ours) == {"torch", "transformers", "tokenizers", "safetensors", "cpu_capability"}
     assert tiny_recipe()["writers"] == ours
     other = {**ours, "transformers": ours["transformers"] + ".other"}
-    monkeypatch.setattr(tiny, "writer_versions", lambda: other)
+    monkeypatch.setattr(tiny, "build_environment", lambda: other)
     theirs = tiny_model(cache_dir=tmp_path)  # the other environment writes first
     assert json.loads((theirs / "recipe.json").read_text())["writers"] == other
     monkeypatch.undo()

@@ -151,14 +151,19 @@ def render_chat(conversation: dict[str, Any], compiled: Any = None) -> str:
 WRITERS = ("torch", "transformers", "tokenizers", "safetensors")
 
 
-def writer_versions() -> dict[str, str]:
-    """The installed versions of the packages that write the folder's files. They are part of the recipe: another
-    transformers writes another ``config.json`` (its own ``transformers_version``, new default keys), another torch may
-    draw other initial weights. Two environments that share one cache (``.venv`` and ``.venv-vllm`` do) therefore
-    each build and read their own entry, and an entry always holds what its address says, byte for byte."""
+def build_environment() -> dict[str, str]:
+    """What writes the folder's files besides the recipe: the installed versions of the packages that write them
+    (another transformers writes another ``config.json``: its own ``transformers_version``, new default keys), and the
+    CPU kernels torch picked (``torch.backends.cpu.get_cpu_capability()``: its vectorised random normal rounds the
+    initial weights differently from the scalar one, by a unit in the last place; measured with
+    ATEN_CPU_CAPABILITY=default, which CI's other CPUs can differ by). Part of the recipe, so two environments that
+    share one cache (``.venv`` and ``.venv-vllm`` do) each build and read their own entry, and an entry always holds
+    what its address says, byte for byte."""
     from importlib.metadata import version
 
-    return {name: version(name) for name in WRITERS}
+    import torch
+
+    return {**{name: version(name) for name in WRITERS}, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
 def tiny_recipe(vocab_size: int = 2048, hidden_size: int = 64, num_layers: int = 2, seed: int = 0) -> dict:
@@ -177,7 +182,7 @@ def tiny_recipe(vocab_size: int = 2048, hidden_size: int = 64, num_layers: int =
         "seed": seed,
         "template_sha": hashlib.sha256(chat_template().encode()).hexdigest()[:16],
         "builder_sha": hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16],
-        "writers": writer_versions(),
+        "writers": build_environment(),
     }
 
 
@@ -198,7 +203,7 @@ def tiny_model(
     """Return the folder of a tiny, offline-built Qwen2 chat model, building it on first use.
 
     The folder lives under ``<cache>/tiny/<hash of the recipe>``, so a changed recipe (or another version of the
-    packages that write it: ``writer_versions``) never reuses a stale build;
+    packages that write it: ``build_environment``) never reuses a stale build;
     it is written to a temporary folder and renamed into place, so a killed build leaves no half folder.
     ``hidden_size=256, num_layers=6`` gives the ~5M-parameter variant used by the benchmarks.
     """
