@@ -64,6 +64,12 @@ class FastCache:
         self.valid = valid[:, start:]
         self.length -= start
 
+    def row_view(self, row: int, start: int) -> FastCache:
+        """Row ``row`` from column ``start`` on as an empty one-row cache whose columns are this one's (views, not
+        copies): a prompt prefilled into it lands in place here. Its room is this cache's; it must not grow."""
+        keys, values = self.keys[:, row : row + 1, :, start:], self.values[:, row : row + 1, :, start:]
+        return FastCache(keys, values, self.valid[row : row + 1, start:])
+
     @torch.inference_mode()  # the buffers may have been grown inside a forward: inference tensors
     def _keep_in_place(self, kept: list[int]) -> None:
         for target, source in enumerate(kept):
@@ -277,7 +283,10 @@ class FastLM:
         start, end = cache.length, cache.length + width
         cache.reserve(end)
         cache.valid[:, start:end] = valid
-        mask = _attention_mask(cache.valid[:, :end], start, width)  # [B, 1, T, end] or None
+        # a prompt fed whole from column 0 without padding needs only the causal rule: SDPA's own causal kernel
+        # skips the masked half (3700 tokens on SmolLM2: 119 ms a layer against 260 with the same rule as a mask)
+        causal = start == 0 and width > 1 and bool(valid.all())
+        mask = None if causal else _attention_mask(cache.valid[:, :end], start, width)  # [B, 1, T, end] or None
         cos, sin = self._rotary(positions)  # [B, T, 1, head_dim] each; sin signed for the rotation by roll
         heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
         qk_size = (heads + kv_heads) * head_dim
@@ -291,9 +300,7 @@ class FastLM:
             q = qk[:, :, :heads].transpose(1, 2)  # [B, heads, T, hd]
             cache.keys[index, :, :, start:end] = qk[:, :, heads:].transpose(1, 2)  # [B, kv, T, hd]
             cache.values[index, :, :, start:end] = qkv[:, qk_size:].view(rows, width, kv_heads, -1).transpose(1, 2)
-            attended = F.scaled_dot_product_attention(
-                q, cache.keys[index, :, :, :end], cache.values[index, :, :, :end], attn_mask=mask, enable_gqa=True
-            )  # [B, heads, T, hd]
+            attended = _attend(q, cache.keys[index, :, :, :end], cache.values[index, :, :, :end], mask, causal)
             attended = attended.transpose(1, 2).reshape(rows * width, -1)
             x = _add_lora(torch.addmm(x, attended, layer.o), attended, lo_o)  # residual + o_proj
             if layer.o_proj.bias is not None:
@@ -393,6 +400,25 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     """x * cos + rotate_half(x) * sin, with rotate_half(x) = (-x2, x1) written as roll(x) = (x2, x1) times the
     signed sin from ``_rotary``: three ops instead of six."""
     return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin)
+
+
+def _attend(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, causal: bool
+) -> torch.Tensor:
+    """Grouped-query attention of ``q`` [B, heads, T, hd] over ``keys``/``values`` [B, kv_heads, S, hd] -> [B, heads,
+    T, hd]; ``mask`` [B, 1, T, S] or None, ``causal``: the causal rule instead of a mask (T == S). A decode step
+    (T == 1) puts each key head's query heads on the query axis ([B, kv_heads, heads/kv_heads, hd]) so the keys are
+    read once, not copied per query head: on CPU ``enable_gqa`` with a mask expands them (SmolLM2, 8 rows against 5000
+    columns: 3.6-3.8 ms a layer against 4.6)."""
+    rows, heads, width, head_dim = q.shape
+    kv_heads = keys.shape[1]
+    if width == 1 and heads != kv_heads:
+        grouped = q.reshape(rows, kv_heads, heads // kv_heads, head_dim)  # head h reads key head h // group
+        out = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=mask)  # mask [B, 1, 1, S] broadcasts
+        return out.reshape(rows, heads, 1, head_dim)
+    if causal:
+        return F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True)
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
 
 
 def _attention_mask(valid: torch.Tensor, start: int, width: int) -> torch.Tensor | None:
