@@ -2,7 +2,7 @@
 prefix cache, HFEngine without it and VLLMEngine with its own prefix caching, one after the other in the same run.
 
     OMP_NUM_THREADS=2 .venv-vllm/bin/python benchmarks/prefix_cache.py [--cases 2] [--runs 8] [--turns 3]
-        [--max-tokens 48] [--engines hf,hf-no-cache,vllm] [--model smollm2-135m]
+        [--max-tokens 48] [--engines hf,hf-no-cache,vllm] [--model smollm2-135m] [--dtype float32]
 
 Each run is a tool loop replayed at the engine: its prompt is the case's first user turn with the case's functions
 (3k-8k tokens of documentation) rendered by the bundled ``chatml-tools`` template; the model samples up to
@@ -47,12 +47,16 @@ def cases(count: int, tokenizer: Any, room: int) -> list[Any]:
     return chosen
 
 
-def build(kind: str, model: str, template: str) -> Any:
+def build(kind: str, model: str, template: str, dtype: str) -> Any:
+    import torch
+
     from langgraph_art.serve.engines.choose import build_engine
 
     if kind == "vllm":
-        return build_engine("vllm", model, device="cpu", chat_template=template, max_model_len=8192, kv_cache_gib=4)
-    return build_engine("hf", model, chat_template=template, enable_prefix_caching=kind == "hf")
+        return build_engine("vllm", model, device="cpu", chat_template=template, max_model_len=8192, kv_cache_gib=4,
+                            dtype=dtype)  # fmt: skip
+    return build_engine("hf", model, chat_template=template, enable_prefix_caching=kind == "hf",
+                        dtype=getattr(torch, dtype))  # fmt: skip
 
 
 async def run_case(engine: Any, case: Any, runs: int, turns: int, max_tokens: int) -> int:
@@ -81,7 +85,7 @@ async def run_case(engine: Any, case: Any, runs: int, turns: int, max_tokens: in
 
 
 async def measure(kind: str, args: argparse.Namespace, template: str) -> dict[str, float]:
-    engine = build(kind, args.model, template)
+    engine = build(kind, args.model, template, args.dtype)
     await engine.start()
     try:
         chosen = cases(args.cases, engine.tokenizer, room=args.turns * (args.max_tokens + 60))
@@ -116,6 +120,7 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--engines", default="hf,hf-no-cache,vllm")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="every engine's")
     args = parser.parse_args()
     import torch
 
@@ -125,13 +130,16 @@ def main() -> None:
     template = read_chat_template("chatml-tools")
     results = {kind: asyncio.run(measure(kind, args, template)) for kind in args.engines.split(",")}
     print(f"\n{args.model}, {args.cases} BFCL multi_turn_base cases x {args.runs} runs x {args.turns} turns, "
-          f"up to {args.max_tokens} tokens a turn, torch threads {torch.get_num_threads()}; {cpu_flags()}")  # fmt: skip
-    print("| engine | wall s | prompt tokens | prefilled | prefilled share | cache hits | sampled tok/s |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+          f"up to {args.max_tokens} tokens a turn, {args.dtype}, torch threads {torch.get_num_threads()}; "
+          f"{cpu_flags()}")  # fmt: skip
+    print("| engine | wall s | prefill s | decode s | prompt tokens | prefilled | prefilled share | cache hits | "
+          "sampled tok/s |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for kind, r in results.items():
         share = r["prefill_tokens"] / max(r["prompt_tokens"], 1)
-        print(f"| {kind} | {r['seconds']:.1f} | {r['prompt_tokens']} | {r['prefill_tokens']} | {share:.1%} | "
-              f"{r.get('prefix_cache_hits', 0)} | {r['sampled'] / r['seconds']:.1f} |")  # fmt: skip
+        split = " | ".join(f"{r[k]:.1f}" if k in r else "-" for k in ("prefill_seconds", "decode_seconds"))
+        print(f"| {kind} | {r['seconds']:.1f} | {split} | {r['prompt_tokens']:.0f} | {r['prefill_tokens']:.0f} | "
+              f"{share:.1%} | {r.get('prefix_cache_hits', 0):.0f} | {r['sampled'] / r['seconds']:.1f} |")  # fmt: skip
     if "hf" in results and "hf-no-cache" in results:
         print(f"HF with the cache: {results['hf-no-cache']['seconds'] / results['hf']['seconds']:.2f}x faster")
     if "hf" in results and "vllm" in results:

@@ -456,13 +456,18 @@ class Trainer:
         return plot_rewards(self.history, target, f"{self.model.name} ({self.model.project})", evals=self.evals)
 
 
-def engine_metrics(before: Mapping[str, int], after: Mapping[str, int]) -> dict[str, float]:
+def engine_metrics(before: Mapping[str, float], after: Mapping[str, float]) -> dict[str, float]:
     """What the engine did during a rollout, from its counters before and after (``Backend.engine_stats``):
     ``engine/prompt_tokens`` sent, ``engine/prefill_tokens`` computed, ``engine/prefix_cache_hit_rate`` (of the
     prompt tokens looked up, the share whose KV was reused), ``engine/prefix_cache_evictions`` (blocks) and
-    ``engine/prefix_cache_bytes`` held after it. Steps that overlap (``max_steps_off_policy``) share their counts."""
+    ``engine/prefix_cache_bytes`` held after it, ``engine/prefill_s`` and ``engine/decode_s`` (the engine worker's
+    seconds in prefill forwards and in decode steps). Steps that overlap (``max_steps_off_policy``) share their
+    counts."""
     delta = {key: after[key] - before.get(key, 0) for key in after if key != "prefix_cache_bytes"}
     metrics = {f"engine/{key}": float(delta[key]) for key in ("prompt_tokens", "prefill_tokens") if key in delta}
+    for key in ("prefill", "decode"):  # the engine worker's seconds (the HF engine counts them)
+        if f"{key}_seconds" in delta:
+            metrics[f"engine/{key}_s"] = float(delta[f"{key}_seconds"])
     queries = delta.get("prefix_cache_queries", 0)
     if queries:
         metrics["engine/prefix_cache_hit_rate"] = delta.get("prefix_cache_hits", 0) / queries

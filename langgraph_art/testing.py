@@ -271,7 +271,7 @@ class FakeBackend:
     def current_step(self, model: art.TrainableModel) -> int:
         return self.step
 
-    def engine_stats(self, model: art.TrainableModel) -> dict[str, int]:
+    def engine_stats(self, model: art.TrainableModel) -> dict[str, float]:
         return {}
 
     def trainer(self, model: art.TrainableModel, config: art.GRPOConfig | None = None) -> None:

@@ -260,9 +260,13 @@ def test_each_step_records_what_the_cache_saved_and_the_server_exports_it(tmp_pa
         for metrics in history:
             assert metrics["engine/prompt_tokens"] > metrics["engine/prefill_tokens"] > 0, metrics
             assert 0 < metrics["engine/prefix_cache_hit_rate"] <= 1 and metrics["engine/prefix_cache_bytes"] > 0
+            # where the rollout's time went: the engine's prefill and decode seconds, within the rollout's own
+            assert min(metrics["engine/prefill_s"], metrics["engine/decode_s"]) > 0, metrics
+            assert metrics["engine/prefill_s"] + metrics["engine/decode_s"] <= metrics["time/rollout_s"], metrics
         root = backend.server(model.base_model).base_url.removesuffix("/v1")
         exported = read_prometheus_text(httpx.get(f"{root}/metrics", timeout=10).text)
     assert exported["prefix_cache_hits"] > 0 and exported["prompt_tokens"] >= sum(
         m["engine/prompt_tokens"] for m in history
     )
     assert set(exported) >= {"prefill_tokens", "prefix_cache_queries", "prefix_cache_bytes", "prefix_cache_evictions"}
+    assert exported["decode_seconds"] >= sum(m["engine/decode_s"] for m in history) > 0  # seconds, not truncated

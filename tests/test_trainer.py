@@ -66,10 +66,14 @@ def test_steps_move_every_lora_parameter_and_no_base_weight(trainer: GRPOTrainer
     from the second step on every LoRA parameter moves. Base weights never do."""
     before = {n: p.detach().clone() for n, p in trainer.named_lora_parameters().items()}
     base = {n: p.detach().clone() for n, p in trainer.model.state_dict().items()}
-    result = trainer.step([make_group(trainer, [1.0, 0.0, 0.5, 0.0])])
+    group = make_group(trainer, [1.0, 0.0, 0.5, 0.0])
+    result = trainer.step([group])
     assert result.updated and result.step == 1
     assert result.metrics["train/ratio_mean"] == pytest.approx(1.0, abs=1e-4)  # sampler == trainer logprobs
     assert result.metrics["train/sequences"] == 4 and result.metrics["train/tokens"] == 32
+    turns = [run.spans[0].turns[0] for run in group.trajectories]
+    longest = max(len(t.prompt_token_ids) + len(t.token_ids) for t in turns)
+    assert result.metrics["train/longest_sequence"] == longest
     for name, param in trainer.named_lora_parameters().items():
         changed = not torch.equal(param, before[name])
         assert changed == ("lora_B" in name), name

@@ -47,7 +47,7 @@ class Backend(Protocol):
         """The checkpoint that serves the model now (0 before the first)."""
         ...
 
-    def engine_stats(self, model: TrainableModel) -> dict[str, int]:
+    def engine_stats(self, model: TrainableModel) -> dict[str, float]:
         """The counters of the engine serving ``model`` (``Engine.stats``: prompt tokens sent and prefilled, prefix
         cache queries and hits, ...); empty where none can be read. The loop records each rollout's share."""
         ...

@@ -155,7 +155,7 @@ class LocalBackend:
                 pair = self._services[base_model] = (service, server)
             return pair
 
-    def engine_stats(self, model: TrainableModel) -> dict[str, int]:
+    def engine_stats(self, model: TrainableModel) -> dict[str, float]:
         return dict(self.server(model.base_model).engine.stats())
 
     def server(self, base_model: str) -> EmbeddedServer:

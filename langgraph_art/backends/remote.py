@@ -133,12 +133,12 @@ class RemoteBackend:
         body = self._call("get", f"/train/{model.name}", params={"project": model.project})
         return int(body["step"])
 
-    def engine_stats(self, model: TrainableModel) -> dict[str, int]:
+    def engine_stats(self, model: TrainableModel) -> dict[str, float]:
         """The replicas' engine counters (their ``GET /metrics``), summed; a replica that does not answer is left
         out (logged at INFO: the numbers are a record, never a reason to stop training)."""
         from langgraph_art.serve.app import read_prometheus_text
 
-        total: dict[str, int] = {}
+        total: dict[str, float] = {}
         for url in self.replicas:
             try:
                 response = httpx.get(f"{url.removesuffix('/v1')}/metrics", timeout=10)

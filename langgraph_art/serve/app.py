@@ -13,7 +13,7 @@ import asyncio
 import hmac
 import logging
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -99,7 +99,7 @@ def create_app(
 _GAUGES = {"prefix_cache_blocks", "prefix_cache_bytes"}  # levels; every other counter only grows
 
 
-def prometheus_text(stats: dict[str, int]) -> str:
+def prometheus_text(stats: Mapping[str, float]) -> str:
     """``stats`` as Prometheus exposition text: ``langgraph_art:<name>_total`` counters (vLLM's ``vllm:`` style),
     gauges under their own names."""
     lines = []
@@ -110,13 +110,13 @@ def prometheus_text(stats: dict[str, int]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def read_prometheus_text(text: str) -> dict[str, int]:
+def read_prometheus_text(text: str) -> dict[str, float]:
     """``prometheus_text`` read back: name -> value (``RemoteBackend.engine_stats``)."""
-    stats: dict[str, int] = {}
+    stats: dict[str, float] = {}
     for line in text.splitlines():
         if line.startswith("langgraph_art:"):
             metric, _, value = line.partition(" ")
-            stats[metric.removeprefix("langgraph_art:").removesuffix("_total")] = int(float(value))
+            stats[metric.removeprefix("langgraph_art:").removesuffix("_total")] = float(value)
     return stats
 
 

@@ -252,6 +252,7 @@ class GRPOTrainer:
             "train/grad_norm": norms[0],  # the first pass's, before clipping, like the other train/ keys
             **({"train/later_passes/grad_norm": sum(norms[1:]) / len(norms[1:])} if len(norms) > 1 else {}),
             "train/sequences": float(len(sequences)),
+            "train/longest_sequence": float(max(len(s) for s in sequences)),  # tokens: context and trained turns
             "train/tokens": float(total_tokens),
             "train/tokens_per_s": total_tokens / seconds,
             "train/seconds": seconds,

@@ -148,9 +148,10 @@ class Engine(Protocol):
         """Loaded adapters: name -> folder."""
         ...
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, float]:
         """Counters since start (``GET /metrics``, and each training step's record): at least ``prompt_tokens``
-        (sent), ``prefill_tokens`` (computed), ``prefix_cache_queries`` and ``prefix_cache_hits`` (tokens)."""
+        (sent), ``prefill_tokens`` (computed), ``prefix_cache_queries`` and ``prefix_cache_hits`` (tokens); the HF
+        engine adds ``prefill_seconds`` and ``decode_seconds``."""
         ...
 
     def grammars(self) -> Any:

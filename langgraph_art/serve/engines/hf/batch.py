@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +34,7 @@ import torch
 
 from langgraph_art.serve.engines.base import GenerationRequest, Sample, StreamEvent, TokenEvent
 from langgraph_art.serve.engines.hf import sampling
-from langgraph_art.serve.engines.hf.prefill import PrefillCounts, build_prefill
+from langgraph_art.serve.engines.hf.prefill import EngineCounts, build_prefill
 from langgraph_art.serve.engines.hf.steps import Steps
 
 log = logging.getLogger(__name__)
@@ -82,12 +83,12 @@ class RunningBatch:
         rng: torch.Generator,
         pad: int,
         grammars: Callable[[], Any] | None = None,
-        counts: PrefillCounts | None = None,
+        counts: EngineCounts | None = None,
     ) -> None:
         """``grammars``: returns the engine's ``models.grammar.Grammars`` (built on first use), for rows with one.
         ``counts``: the engine's prompt-token counters (the steps count what they prefill)."""
         self.steps, self.finish, self.rng, self.pad, self.grammars = steps, finish, rng, pad, grammars
-        self.counts = counts if counts is not None else PrefillCounts()
+        self.counts = counts if counts is not None else EngineCounts()
         self.rows: list[Row] = []
         self.jobs: list[Job] = []  # every job admitted, to fail the unfinished ones if a forward raises
         self.logits = self.temps = self.top_ps = torch.empty(0)  # [B, V], [B], [B] for ``rows``
@@ -116,7 +117,9 @@ class RunningBatch:
         temps = torch.tensor([r.job.request.params.temperature for r in rows], device=device)  # [B']
         top_ps = torch.tensor([r.job.request.params.top_p for r in rows], device=device)  # [B']
         running = bool(self.rows)
+        started = time.perf_counter()
         logits = self.steps.join(batch) if running else self.steps.prefill(batch)  # [B', V]
+        self.counts.prefill_seconds += time.perf_counter() - started
         self.prefills_shared += batch.shared
         self.joined += len(jobs) if running else 0
         self.rows += rows
@@ -127,6 +130,13 @@ class RunningBatch:
 
     def step(self) -> None:
         """Sample one token per row, let finished rows go, and run the decode forward of the others."""
+        started = time.perf_counter()
+        try:
+            self._step()
+        finally:
+            self.counts.decode_seconds += time.perf_counter() - started
+
+    def _step(self) -> None:
         rows = self.rows
         constrained = [b for b, row in enumerate(rows) if row.matcher is not None]
         allowed = self._allowed(constrained) if constrained else None  # [B, V] bool

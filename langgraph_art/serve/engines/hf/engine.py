@@ -51,7 +51,7 @@ from langgraph_art.serve.engines.base import (
 from langgraph_art.serve.engines.hf.adapters import AdapterSet
 from langgraph_art.serve.engines.hf.batch import Job, Row, RunningBatch
 from langgraph_art.serve.engines.hf.fast import FastLM
-from langgraph_art.serve.engines.hf.prefill import PrefillCounts
+from langgraph_art.serve.engines.hf.prefill import EngineCounts
 from langgraph_art.serve.engines.hf.prefix_cache import PrefixCache
 from langgraph_art.serve.engines.hf.schedule import Command, WorkQueue, run_command, set_exception, set_result
 from langgraph_art.serve.engines.hf.steps import FastSteps, HFSteps, Steps
@@ -131,7 +131,7 @@ class HFEngine:
         self.batches_run = 0  # observability for tests and benchmarks
         self.prefills_shared = 0  # rows that reused another row's prefill (identical prompts)
         self.requests_joined = 0  # requests that joined a batch already decoding (continuous batching)
-        self.counts = PrefillCounts()
+        self.counts = EngineCounts()
         budget = int(prefix_cache_gib * 2**30) if enable_prefix_caching else 0
         self.prefix_cache = PrefixCache(budget) if budget else None
 
@@ -303,13 +303,16 @@ class HFEngine:
         if self.prefix_cache is not None:
             self.prefix_cache.retain(set(self._adapters.keys()))
 
-    def stats(self) -> dict[str, int]:
-        """Counters since start: prompt tokens sent and prefilled, the prefix cache's queries, hits (tokens),
-        evictions (blocks), blocks and bytes held, batches, requests that joined a running batch."""
+    def stats(self) -> dict[str, float]:
+        """Counters since start: prompt tokens sent and prefilled, the worker's seconds in prefill and in decode, the
+        prefix cache's queries, hits (tokens), evictions (blocks), blocks and bytes held, batches, requests that
+        joined a running batch."""
         prefix = self.prefix_cache.stats() if self.prefix_cache is not None else dict.fromkeys(PrefixCache.FIELDS, 0)
         return {
             "prompt_tokens": self.counts.prompt_tokens,
             "prefill_tokens": self.counts.prefill_tokens,
+            "prefill_seconds": self.counts.prefill_seconds,
+            "decode_seconds": self.counts.decode_seconds,
             **prefix,
             "batches": self.batches_run,
             "requests_joined": self.requests_joined,

@@ -48,10 +48,13 @@ def build_prefill(prompts: Sequence[Sequence[int]], pad: int, device: Any) -> Pr
 
 
 @dataclass
-class PrefillCounts:
-    """The engine's prompt-token counters: ``prompt_tokens`` sent (each request's prompt once, however many choices
-    it asks for), ``prefill_tokens`` actually computed (each distinct prompt of a batch once, less what came from
-    the prefix cache)."""
+class EngineCounts:
+    """The engine's counters: ``prompt_tokens`` sent (each request's prompt once, however many choices it asks for),
+    ``prefill_tokens`` actually computed (each distinct prompt of a batch once, less what came from the prefix
+    cache), and the worker's seconds in prefill forwards (a batch's first, and requests joining it) and in decode
+    steps (sampling included): where a rollout's engine time goes."""
 
     prompt_tokens: int = 0
     prefill_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0

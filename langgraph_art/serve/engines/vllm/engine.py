@@ -368,7 +368,7 @@ class VLLMEngine:
             self._retired.add(lora.request.lora_int_id)
         await self._drop_retired()
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, float]:
         """Counters since start, as ``HFEngine.stats`` names them, of the requests that finished: prompt tokens sent
         and prefilled, and vLLM's prefix-cache queries and hits (tokens; its ``num_cached_tokens`` per request)."""
         keys = ("prompt_tokens", "prefill_tokens", "prefix_cache_queries", "prefix_cache_hits")
