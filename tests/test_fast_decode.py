@@ -270,3 +270,34 @@ async def test_an_adapter_for_another_model_is_refused(tiny_path: Path, tmp_path
         await engine.close()
     config = json.loads((folder / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA"
+
+
+@pytest.mark.parametrize("width", [1, 5])
+@pytest.mark.parametrize("padded", [False, True])
+def test_grouped_query_attention_equals_sdpa_with_the_keys_repeated(width: int, padded: bool) -> None:
+    """``_attend``'s three ways (a decode step's query heads on the query axis, the causal kernel for a whole prompt
+    from column 0, the mask otherwise) against the textbook: every key head repeated for its query heads."""
+    import torch.nn.functional as F
+
+    from langgraph_art.serve.engines.hf.fast import _attend, _attention_mask
+
+    gen = torch.Generator().manual_seed(0)
+    rows, heads, kv_heads, head_dim, columns = 3, 6, 2, 8, 9
+    q = torch.randn(rows, heads, width, head_dim, generator=gen)
+    keys, values = (torch.randn(rows, kv_heads, columns, head_dim, generator=gen) for _ in range(2))
+    valid = torch.ones(rows, columns, dtype=torch.bool)
+    if padded:
+        valid[0, :3] = False  # a row padded on the left
+    start = columns - width
+    mask = _attention_mask(valid, start, width)
+    expected = F.scaled_dot_product_attention(
+        q, keys.repeat_interleave(3, 1), values.repeat_interleave(3, 1), attn_mask=mask
+    )
+    torch.testing.assert_close(_attend(q, keys, values, mask, causal=False), expected)
+    if width == columns or (not padded and width > 1):  # the causal kernel, for a prompt fed whole from column 0
+        whole = torch.randn(rows, heads, columns, head_dim, generator=gen)
+        causal_mask = _attention_mask(torch.ones(rows, columns, dtype=torch.bool), 0, columns)
+        reference = F.scaled_dot_product_attention(
+            whole, keys.repeat_interleave(3, 1), values.repeat_interleave(3, 1), attn_mask=causal_mask
+        )
+        torch.testing.assert_close(_attend(whole, keys, values, None, causal=True), reference)
