@@ -15,6 +15,7 @@ from langgraph_art.errors import AdapterError, ConfigError
 from langgraph_art.serve.engines.choose import build_engine, check_engine_options
 from langgraph_art.serve.engines.vllm.engine import (
     VLLMEngine,
+    _top,
     check_cpu_head_size,
     check_lora_for_vllm,
     import_vllm,
@@ -231,3 +232,21 @@ def test_local_backend_trains_with_vllm_sampling(tmp_path: Path) -> None:
         wide = art.TrainableModel(name="wide", project="v", base_model="tiny-128").register(backend)
         with pytest.raises(ConfigError, match=r"engine_options=\{'max_lora_rank': 16\}"):  # before any rollout
             backend.trainer(wide, art.GRPOConfig(lora_r=16))
+
+
+def test_top_logprobs_are_the_most_likely_by_value_whatever_rank_vllm_gives_the_sampled_token() -> None:
+    """vLLM's per-step dict holds the top k and the sampled token. On torch's AVX2 kernels its CPU build once ranked a
+    sampled token at -3.18 before the second most likely (-1.38): the top k are taken by logprob, rank only breaks
+    ties, and a masked token (-inf) is never listed."""
+    from types import SimpleNamespace as Logprob
+
+    entry = {469: Logprob(logprob=-3.18, rank=2), 957: Logprob(logprob=-1.35, rank=1),
+             260: Logprob(logprob=-1.38, rank=2), 653: Logprob(logprob=-2.13, rank=3)}  # fmt: skip
+    assert _top(entry, 3) == [(957, -1.35), (260, -1.38), (653, -2.13)]
+    assert _top(entry, 0) == []
+    tied = {
+        5: Logprob(logprob=-1.0, rank=2),
+        4: Logprob(logprob=-1.0, rank=1),
+        9: Logprob(logprob=float("-inf"), rank=3),
+    }
+    assert _top(tied, 3) == [(4, -1.0), (5, -1.0)]

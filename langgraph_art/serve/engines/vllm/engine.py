@@ -438,10 +438,12 @@ def _already_shut_down(*_: Any, **__: Any) -> None:
 
 def _top(entry: dict[int, Any], k: int) -> list[tuple[int, float]]:
     """The ``k`` most likely tokens of one step from vLLM's {id: Logprob(rank=...)} (which also holds the
-    sampled token, whatever its rank)."""
+    sampled token, whatever its rank), by logprob, rank breaking ties. Not by rank alone: with torch's AVX2 kernels
+    (``ATEN_CPU_CAPABILITY=avx2`` on an AVX-512 CPU) vLLM 0.32's CPU build gave a sampled token at -3.18 a rank
+    that sorted it before the second most likely token, at -1.38 (test_engine_conformance's top-logprobs test)."""
     if not k:
         return []
-    ranked = sorted(entry.items(), key=lambda item: item[1].rank)
+    ranked = sorted(entry.items(), key=lambda item: (-float(item[1].logprob), item[1].rank))
     finite = [(int(i), float(value.logprob)) for i, value in ranked if value.logprob != float("-inf")]  # not masked
     return finite[:k]
 
