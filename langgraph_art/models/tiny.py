@@ -202,8 +202,8 @@ def tiny_model(
 ) -> Path:
     """Return the folder of a tiny, offline-built Qwen2 chat model, building it on first use.
 
-    The folder lives under ``<cache>/tiny/<hash of the recipe>``, so a changed recipe (or another version of the
-    packages that write it: ``build_environment``) never reuses a stale build;
+    The folder lives under ``<cache>/tiny/<hash of the recipe>``, so a changed recipe (or other versions of the
+    packages that write it, or other CPU kernels: ``build_environment``) never reuses a stale build;
     it is written to a temporary folder and renamed into place, so a killed build leaves no half folder.
     ``hidden_size=256, num_layers=6`` gives the ~5M-parameter variant used by the benchmarks.
     """

@@ -86,7 +86,8 @@ class RunningBatch:
         counts: EngineCounts | None = None,
     ) -> None:
         """``grammars``: returns the engine's ``models.grammar.Grammars`` (built on first use), for rows with one.
-        ``counts``: the engine's prompt-token counters (the steps count what they prefill)."""
+        ``counts``: the engine's counters (the steps count what they prefill; the batch, its prefill and decode
+        seconds)."""
         self.steps, self.finish, self.rng, self.pad, self.grammars = steps, finish, rng, pad, grammars
         self.counts = counts if counts is not None else EngineCounts()
         self.rows: list[Row] = []
