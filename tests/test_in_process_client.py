@@ -4,6 +4,7 @@ responses, streaming (sync and async), errors as the openai SDK raises them."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,66 @@ def test_a_stream_the_client_leaves_stops_decoding(tmp_path: Path, monkeypatch: 
             before = len(finished)
             leave()  # the disconnect reaches the app, the engine drops the row at its next step
             assert_dropped_early(finished, before)
+
+
+def test_a_stream_left_open_when_its_caller_loop_closes_stops_decoding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """asyncio.run can close the caller's loop before the response's close reaches the server (CI saw it): the app's
+    next chunk then has nowhere to go. That is the client leaving, as uvicorn treats a send after a disconnect: no
+    error logged, and the engine's row ends at its next step instead of decoding to its budget."""
+    from langgraph_art.serve.inprocess.transport import _Exchange
+
+    monkeypatch.setattr(_Exchange, "disconnect", lambda self: None)  # the close arrives too late, every time
+    with art.LocalBackend(home=tmp_path) as backend:
+        model = art.TrainableModel(name="m", project="p").register(backend)
+        llm = art.ChatART(model=model, max_tokens=2000, extra_body={"ignore_eos": True})
+        finished = finished_rows(backend.server(model.base_model).engine, monkeypatch)
+
+        async def leave() -> None:
+            async for _ in llm.astream("hello"):
+                break
+
+        asyncio.run(leave())
+        assert_dropped_early(finished, 0)
+        assert "unhandled error" not in caplog.text and "Event loop is closed" not in caplog.text
+
+
+def test_a_streaming_response_whose_send_fails_ends_the_engine_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server's send can raise (a socket reset under another ASGI server); Starlette then leaves the body's
+    generator open, and the engine's row would decode on to its budget until garbage collection closed it."""
+    with art.LocalBackend(home=tmp_path) as backend:
+        model = art.TrainableModel(name="m", project="p").register(backend)
+        server = backend.server(model.base_model)
+        finished = finished_rows(server.engine, monkeypatch)
+        body = {"model": model.base_model, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        body |= {"max_tokens": 2000, "ignore_eos": True}
+        sent: list[str] = []
+        read: list[bool] = []
+
+        async def call() -> None:
+            async def receive() -> dict[str, Any]:
+                if not read:
+                    read.append(True)
+                    return {"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}
+                await asyncio.Event().wait()  # the client never says it left
+                raise AssertionError  # pragma: no cover
+
+            async def send(message: dict[str, Any]) -> None:
+                sent.append(message["type"])
+                if len(sent) > 3:
+                    raise OSError("connection reset by peer")
+
+            scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST"}
+            scope |= {"path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions", "query_string": b""}
+            scope |= {"headers": [(b"content-type", b"application/json")], "root_path": "", "scheme": "http"}
+            with pytest.raises(OSError, match="reset"):
+                await server.app(scope, receive, send)
+
+        server.run(call(), timeout=120)
+        assert_dropped_early(finished, 0)
 
 
 def test_non_streaming_calls_skip_the_sdk_and_answer_as_http_does(tmp_path: Path) -> None:

@@ -30,9 +30,14 @@ class InProcessTransport(_httpx.AsyncBaseTransport, _httpx.BaseTransport):  # ty
         caller = asyncio.get_running_loop()
         chunks: asyncio.Queue[Any] = asyncio.Queue()
         content = await request.aread()
-        exchange = _Exchange(
-            self.app, self.loop, request, content, lambda m: caller.call_soon_threadsafe(chunks.put_nowait, m)
-        )
+
+        def deliver(message: Any) -> None:
+            try:
+                caller.call_soon_threadsafe(chunks.put_nowait, message)
+            except RuntimeError as exc:  # asyncio.run closed the caller's loop before the response's close got here
+                raise _CallerGone from exc
+
+        exchange = _Exchange(self.app, self.loop, request, content, deliver)
         self._start(exchange)
         wait = _read_timeout(request)
 
@@ -88,6 +93,10 @@ class InProcessTransport(_httpx.AsyncBaseTransport, _httpx.BaseTransport):  # ty
         asyncio.run_coroutine_threadsafe(exchange.run(), self.loop)
 
 
+class _CallerGone(Exception):
+    """The caller can take no more of the response (its event loop has closed)."""
+
+
 class _Exchange:
     """One request/response through the ASGI app; ``deliver`` gets (status, headers), then body chunks, then
     ``_DONE`` (or an exception), from the server's loop."""
@@ -125,26 +134,34 @@ class _Exchange:
             await self.gone.wait()  # Starlette listens for the client going away while it streams
             return {"type": "http.disconnect"}
 
+        def pass_on(item: Any) -> None:
+            if self.gone.is_set():
+                return  # the caller left: what the app still sends goes nowhere (uvicorn does the same)
+            try:
+                self.deliver(item)
+            except _CallerGone:
+                self.gone.set()  # the app hears the client left, and a streaming app stops
+
         async def send(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
                 self.started = True
-                self.deliver((message["status"], message.get("headers", [])))
+                pass_on((message["status"], message.get("headers", [])))
             elif message["type"] == "http.response.body":
                 if message.get("body"):
-                    self.deliver(message["body"])
+                    pass_on(message["body"])
                 if not message.get("more_body", False):
                     self.finished = True
-                    self.deliver(_DONE)
+                    pass_on(_DONE)
 
         try:
             await self.app(scope, receive, send)
         except BaseException as exc:  # handed to the caller (a cancel at shutdown too), not swallowed
             if not self.started:
-                self.deliver((500, [(b"content-type", b"text/plain")]))
-                self.deliver(f"the embedded server failed this request: {exc!r}".encode())
-                self.deliver(_DONE)
+                pass_on((500, [(b"content-type", b"text/plain")]))
+                pass_on(f"the embedded server failed this request: {exc!r}".encode())
+                pass_on(_DONE)
             elif not self.finished:
-                self.deliver(_httpx.RemoteProtocolError(f"the embedded server failed this request: {exc!r}"))
+                pass_on(_httpx.RemoteProtocolError(f"the embedded server failed this request: {exc!r}"))
             if not isinstance(exc, Exception):
                 raise
 

@@ -112,13 +112,24 @@ class ChatCompletions:
             token_text, request = await self.prepare(body)
             events = self.engine.stream(request)
             first = await anext(aiter(events))  # errors before the first token still become proper 4xx/5xx
-            return StreamingResponse(
+            return _ClosingStreamingResponse(
                 _sse(body, request, events, first, self, token_text),
                 media_type="text/event-stream",
                 headers={CALL_ID_HEADER: request.request_id},
             )
 
         return router
+
+
+class _ClosingStreamingResponse(StreamingResponse):
+    """Starlette leaves the body's generator open when a send fails (a reset socket; a caller gone): closing it here
+    ends the engine's rows at once, where they would otherwise decode to their budget until garbage collection."""
+
+    async def stream_response(self, send: Any) -> None:
+        try:
+            await super().stream_response(send)
+        finally:
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
 
 
 def resolve_adapter(engine: Engine, model: str, policies: set[str] | frozenset[str] = frozenset()) -> str | None:
@@ -254,4 +265,8 @@ async def _sse(
     except Exception as exc:
         log.exception("streaming call %s failed", call_id)
         yield f"data: {json.dumps(error_body(str(exc), 'server_error'))}\n\n"
+    finally:
+        close = getattr(events, "aclose", None)  # an engine's generator: its rows end now, however this stream ends
+        if close is not None:
+            await close()
     yield "data: [DONE]\n\n"
