@@ -2,12 +2,15 @@
 prefix cache, HFEngine without it and VLLMEngine with its own prefix caching, one after the other in the same run.
 
     OMP_NUM_THREADS=2 .venv-vllm/bin/python benchmarks/prefix_cache.py [--cases 2] [--runs 8] [--turns 3]
-        [--max-tokens 48] [--engines hf,hf-no-cache,vllm] [--model smollm2-135m] [--dtype float32]
+        [--max-tokens 48] [--calls-per-user-turn 0] [--engines hf,hf-no-cache,vllm] [--model smollm2-135m]
+        [--dtype float32]
 
 Each run is a tool loop replayed at the engine: its prompt is the case's first user turn with the case's functions
 (3k-8k tokens of documentation) rendered by the bundled ``chatml-tools`` template; the model samples up to
 ``--max-tokens`` at temperature 0.7 (seeded per run and turn); its text goes back as the assistant turn, then a tool
-result, and the next turn's prompt is the whole conversation again, as LangGraph's tool loop sends it. The runs of a
+result, and the next turn's prompt is the whole conversation again, as LangGraph's tool loop sends it; with
+``--calls-per-user-turn K`` the case's next user turn follows every K-th call (``examples/multi_turn.py``'s shape:
+BFCL's cases have 2-5 user turns, the example makes one to ``max_calls`` calls in each). The runs of a
 case go concurrently (a GRPO group), the cases one after the other. Reported per engine: wall seconds, prompt tokens
 sent, tokens prefilled and their share, the prefix cache's hits, sampled tokens per second. The runs' texts differ a
 little between engines (float rounding picks other tokens now and then), so their prompts do too; the token counts
@@ -59,8 +62,10 @@ def build(kind: str, model: str, template: str, dtype: str) -> Any:
                         dtype=getattr(torch, dtype))  # fmt: skip
 
 
-async def run_case(engine: Any, case: Any, runs: int, turns: int, max_tokens: int) -> int:
-    """``runs`` concurrent tool loops of ``turns`` turns on ``case``; the tokens they sampled."""
+async def run_case(engine: Any, case: Any, runs: int, turns: int, max_tokens: int, per_user_turn: int) -> int:
+    """``runs`` concurrent tool loops of ``turns`` model calls on ``case``; the tokens they sampled. Each call's
+    reply is followed by a tool result; with ``per_user_turn`` > 0, every ``per_user_turn``-th call's result is also
+    followed by the case's next user turn (while it has one), as ``examples/multi_turn.py``'s graph goes on."""
     import bfcl_multi_turn as mt
 
     from langgraph_art.serve.engines.base import GenerationRequest, SamplingParams
@@ -69,7 +74,7 @@ async def run_case(engine: Any, case: Any, runs: int, turns: int, max_tokens: in
 
     async def one(run: int) -> int:
         messages = list(case.turns[0])
-        sampled = 0
+        sampled, user_turn = 0, 0
         for turn in range(turns):
             ids = engine.tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True,
                                                        return_dict=False)  # fmt: skip
@@ -79,6 +84,9 @@ async def run_case(engine: Any, case: Any, runs: int, turns: int, max_tokens: in
             sampled += len(sample.token_ids)
             messages = [*messages, {"role": "assistant", "content": sample.text},
                         {"role": "tool", "content": TOOL_RESULT}]  # fmt: skip
+            if per_user_turn and (turn + 1) % per_user_turn == 0 and user_turn + 1 < len(case.turns):
+                user_turn += 1
+                messages += list(case.turns[user_turn])
         return sampled
 
     return sum(await asyncio.gather(*(one(run) for run in range(runs))))
@@ -88,12 +96,13 @@ async def measure(kind: str, args: argparse.Namespace, template: str) -> dict[st
     engine = build(kind, args.model, template, args.dtype)
     await engine.start()
     try:
-        chosen = cases(args.cases, engine.tokenizer, room=args.turns * (args.max_tokens + 60))
+        users = args.turns // args.calls_per_user_turn if args.calls_per_user_turn else 0  # user turns added
+        chosen = cases(args.cases, engine.tokenizer, room=args.turns * (args.max_tokens + 60) + users * 100)
         before = engine.stats()
         started = time.perf_counter()
         sampled = 0
         for case in chosen:
-            sampled += await run_case(engine, case, args.runs, args.turns, args.max_tokens)
+            sampled += await run_case(engine, case, args.runs, args.turns, args.max_tokens, args.calls_per_user_turn)
         seconds = time.perf_counter() - started
         stats = {key: value - before.get(key, 0) for key, value in engine.stats().items()}
     finally:
@@ -119,6 +128,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=8)
     parser.add_argument("--turns", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument(
+        "--calls-per-user-turn", type=int, default=0, help="the next user turn follows every K-th call; 0: never"
+    )
     parser.add_argument("--engines", default="hf,hf-no-cache,vllm")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="every engine's")
     args = parser.parse_args()
@@ -129,7 +141,8 @@ def main() -> None:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", os.cpu_count() or 1)))
     template = read_chat_template("chatml-tools")
     results = {kind: asyncio.run(measure(kind, args, template)) for kind in args.engines.split(",")}
-    print(f"\n{args.model}, {args.cases} BFCL multi_turn_base cases x {args.runs} runs x {args.turns} turns, "
+    users = f" ({args.calls_per_user_turn} a user turn)" if args.calls_per_user_turn else ""
+    print(f"\n{args.model}, {args.cases} BFCL multi_turn_base cases x {args.runs} runs x {args.turns} calls{users}, "
           f"up to {args.max_tokens} tokens a turn, {args.dtype}, torch threads {torch.get_num_threads()}; "
           f"{cpu_flags()}")  # fmt: skip
     print("| engine | wall s | prefill s | decode s | prompt tokens | prefilled | prefilled share | cache hits | "

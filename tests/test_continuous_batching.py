@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 
 from langgraph_art.serve.engines.base import FinishedEvent, GenerationRequest, SamplingParams  # noqa: E402
 from langgraph_art.serve.engines.hf.engine import HFEngine  # noqa: E402
-from langgraph_art.serve.engines.hf.fast import FastCache  # noqa: E402
+from langgraph_art.serve.engines.hf.fast import JOIN_MARGIN, FastCache  # noqa: E402
 from tests.helpers import WEATHER_TOOL, async_wait_until  # noqa: E402
 from tests.test_fast_decode import save_adapter  # noqa: E402
 
@@ -165,21 +165,44 @@ async def test_a_new_adapter_loads_between_two_steps_of_a_running_batch(engine: 
     assert same[0].samples[0].token_ids == same[1].samples[0].token_ids  # b@1 is the same folder, loaded right
 
 
-def test_a_joined_cache_is_right_aligned_and_its_unused_columns_go() -> None:
-    def cache(rows: int, length: int, capacity: int, fill: float) -> FastCache:
-        keys = torch.full((1, rows, 1, capacity, 2), fill)
-        valid = torch.zeros((rows, capacity), dtype=torch.bool)
-        valid[:, :length] = True
-        return FastCache(keys=keys, values=keys.clone(), valid=valid, length=length)
+def cache_of_rows(rows: int, length: int, capacity: int, fill: float) -> FastCache:
+    keys = torch.full((1, rows, 1, capacity, 2), fill)
+    valid = torch.zeros((rows, capacity), dtype=torch.bool)
+    valid[:, :length] = True
+    return FastCache(keys=keys, values=keys.clone(), valid=valid, length=length)
 
-    running, joiner = cache(2, 3, 8, 1.0), cache(1, 6, 6, 2.0)
+
+def test_a_joined_cache_is_right_aligned_with_room_on_the_left_that_attention_skips() -> None:
+    running, joiner = cache_of_rows(2, 3, 8, 1.0), cache_of_rows(1, 6, 6, 2.0)
+    running.extend(joiner)  # longer than the running rows: new buffers, JOIN_MARGIN free columns on the left
+    end, margin = running.length, JOIN_MARGIN
+    assert end == 6 + margin and running.keys.shape[1] == 3 and running.valid.shape[1] >= end + 1  # room to decode on
+    assert running.valid[:2, :end].tolist() == [[False] * (margin + 3) + [True] * 3] * 2
+    assert running.valid[2, :end].tolist() == [False] * margin + [True] * 6
+    assert running.keys[0, :, 0, :margin].abs().sum() == 0  # padding is zeros (an empty tensor could hold NaN)
+    assert running.keys[0, :2, 0, end - 3 : end].eq(1.0).all() and running.keys[0, 2, 0, margin:end].eq(2.0).all()
+    assert running.first_used(end) == margin  # what attention reads from
+    running.select(torch.tensor([0, 1]))  # the long row leaves: the three columns only it used are not read again
+    assert running.length == end and running.first_used(end) == end - 3
+
+
+def test_rows_joining_where_rows_left_are_written_in_place() -> None:
+    """An agent loop's runs leave the batch when a call ends and join again with their next turn: a joiner no longer
+    than the running rows goes into the room a leaver left, and only its columns are copied."""
+    running = cache_of_rows(3, 5, 8, 1.0)
+    storage = running.keys.untyped_storage().data_ptr()
+    running.select(torch.tensor([0, 2]))  # a row leaves: its room stays
+    joiner = cache_of_rows(1, 4, 6, 3.0)
     running.extend(joiner)
-    assert running.length == 6 and running.keys.shape[1] == 3 and running.valid.shape[1] >= 7  # room to decode on
-    assert running.valid[:2, :6].tolist() == [[False] * 3 + [True] * 3] * 2
-    assert running.keys[0, :2, 0, :3].abs().sum() == 0  # padding is zeros (an empty tensor could hold NaN)
-    assert running.keys[0, :2, 0, 3:6].eq(1.0).all() and running.keys[0, 2, 0, :6].eq(2.0).all()
-    running.select(torch.tensor([0, 1]))  # the long row leaves: the three columns only it used go with it
-    assert running.length == 3 and running.valid[:, :3].all() and running.keys[0, :, 0, :3].eq(1.0).all()
+    assert running.keys.untyped_storage().data_ptr() == storage and running.keys.shape[1] == 3 and running.length == 5
+    assert running.valid[2, :5].tolist() == [False, True, True, True, True]
+    assert running.keys[0, 2, 0, 0].abs().sum() == 0 and running.keys[0, 2, 0, 1:5].eq(3.0).all()
+    assert running.keys[0, :2, 0, :5].eq(1.0).all()  # the running rows as they were
+    again = cache_of_rows(1, 4, 6, 4.0)
+    running.extend(again)  # no room left: new buffers, the rows as they were
+    assert running.keys.untyped_storage().data_ptr() != storage and running.keys.shape[1] == 4
+    assert running.keys[0, 2, 0, running.length - 4 : running.length].eq(3.0).all()
+    assert running.keys[0, 3, 0, running.length - 4 : running.length].eq(4.0).all()
 
 
 def test_rows_that_leave_are_dropped_in_place() -> None:
