@@ -1,17 +1,18 @@
 """Codenames, two roles in one graph: a clue giver and a guesser share the model; only the guesser is trained.
 
-The board shows nine words from three topics. Node ``clue_giver`` knows which three are the team's and gives a
-one-word clue; node ``guesser`` sees the board and the clue and calls ``guess(words)``. Both call the same
-``ChatART``, but ``GRPOConfig(trainable_nodes=["guesser"])`` makes the update learn from the guesser's turns only:
-the clue giver's turns are captured (and shown in Langfuse) but never trained on. Reward: +1/3 per team word
-guessed (a guess of another board word earns nothing).
+The board shows nine words from three topics. Node ``clue_giver`` knows which three are the team's and the three
+topics, and gives a one-word clue; node ``guesser`` sees the board and the clue and calls ``guess(words)`` (the call
+is forced: the graph reads it). Both call the same ``ChatART``, but ``GRPOConfig(trainable_nodes=["guesser"])`` makes
+the update learn from the guesser's turns only: the clue giver's turns are captured (and shown in Langfuse) but never
+trained on. Reward: +1/3 per team word guessed (a guess of another board word earns nothing).
 
-Offline, tiny model (an SFT warm-up teaches the clue giver to name the topic and both roles the shape of their
-answers; which words belong to a topic is beyond the tiny model: its evaluation moves from 0.06 to 0.08):
-    OMP_NUM_THREADS=1 python examples/codenames.py --steps 30
-On a real model (GPU), where the clue giver needs no warm-up:
-    python examples/codenames.py --base-model Qwen/Qwen2.5-1.5B-Instruct --warmup-steps 0 --steps 100 \\
-        --learning-rate 1e-5 --temperature 1.0 --engine vllm
+SmolLM2-135M (the default, offline, no warm-up): the untrained clue giver names a topic, often the wrong one, and the
+untrained guesser mostly names words that are not on the board; 20 GRPO steps of 2 rounds x 8 runs raise the
+held-out score from 0.04-0.13 to 0.31-0.35 on seeds 0-2, ~7.5 min each on 2 cores (benchmarks/README.md):
+    python examples/codenames.py [--seed 0]
+The tiny model, offline (an SFT warm-up teaches the clue giver to name the topic and both roles the shape of their
+answers; which words belong to a topic is beyond it: 0.06 -> 0.08):
+    OMP_NUM_THREADS=1 python examples/codenames.py --base-model tiny --warmup-steps 150 --steps 30
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ TOPICS = {
     "food": ["bread", "apple", "cheese", "rice", "soup", "honey"],
 }
 GIVER = "You give Codenames clues. Answer with one word: the topic that links your team's words."
+TOPIC_HINT = f"\nThe topics: {', '.join(sorted(TOPICS))}."  # a real model's clue giver picks one (no warm-up)
 GUESSER = "You guess Codenames words. Call guess with the three board words that fit the clue."
 
 
@@ -54,13 +56,14 @@ class Round(TypedDict):
 
 
 def build_graph(llm: art.ChatART) -> Any:
-    guesser_model = llm.bind_tools([guess])
+    guesser_model = llm.bind_tools([guess], tool_choice="guess")  # the graph reads the call: it must be made
 
     def clue_giver(state: Round) -> dict[str, Any]:
-        prompt = f"Board: {' '.join(state['board'])}\nYour team's words: {' '.join(state['team'])}\nClue:"
+        prompt = f"Board: {' '.join(state['board'])}\nYour team's words: {' '.join(state['team'])}{TOPIC_HINT}\nClue:"
         reply = llm.invoke([("system", GIVER), ("user", prompt)])
         words = re.findall(r"[a-z]+", str(reply.content).lower())
-        return {"clue": words[0] if words else ""}
+        named = [w for w in words if w in TOPICS]  # "The topic is food." names one; else the first word is the clue
+        return {"clue": named[0] if named else words[0] if words else ""}
 
     def guesser(state: Round) -> dict[str, Any]:
         prompt = f"Board: {' '.join(state['board'])}\nClue: {state['clue']} 3"
@@ -125,7 +128,8 @@ def warmup_conversations(count: int = 36, seed: int = 0) -> list[dict[str, Any]]
 
 
 def main(argv: list[str] | None = None, *, echo: Any = print) -> dict[str, Any]:
-    args = parse_args(__doc__ or "", argv, steps=30, warmup_steps=150, warmup_lr=5e-3, max_tokens=32)
+    args = parse_args(__doc__ or "", argv, steps=20, warmup_steps=0, warmup_lr=5e-3, max_tokens=32,
+                      base_model="smollm2-135m")  # fmt: skip
     with trainable_model(args, f"codenames-{args.seed}", "examples") as (model, llm):
         trainer = art.Trainer(
             build_graph(llm),
