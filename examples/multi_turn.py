@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None, *, echo: Any = print) -> dict[str, Any]:
             rewards=[turns_right],
             num_generations=args.num_generations,
             scenarios_per_step=args.scenarios_per_step,
-            config=grpo_config(args),
+            config=grpo_config(args, max_length=CONTEXT),  # whole conversations: 4-6k tokens, not cut at 4096
             eval_scenarios=scenarios(held_out[: args.eval_cases]),
             eval_rewards=[bfcl_accuracy, turns_right_shown],
             eval_generations=1,
