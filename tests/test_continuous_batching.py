@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 
 from langgraph_art.serve.engines.base import FinishedEvent, GenerationRequest, SamplingParams  # noqa: E402
 from langgraph_art.serve.engines.hf.engine import HFEngine  # noqa: E402
-from langgraph_art.serve.engines.hf.fast import JOIN_MARGIN, FastCache  # noqa: E402
+from langgraph_art.serve.engines.hf.kv_cache import JOIN_MARGIN, FastCache  # noqa: E402
 from tests.helpers import WEATHER_TOOL, async_wait_until  # noqa: E402
 from tests.test_fast_decode import save_adapter  # noqa: E402
 

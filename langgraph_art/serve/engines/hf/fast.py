@@ -15,15 +15,13 @@ modules' parameters re-pointed to (transposed) views of them. Anything written i
 an adapter merged by ``adapters.py``, is what the fast path computes; ``relink`` re-fuses if something replaced
 a parameter. Only configurations it reproduces are taken: ``FastLM.build`` returns None, and says why, otherwise.
 
-Left padding, as the engine batches: every row's next token goes in the same cache column; ``valid`` marks the
-columns holding real tokens of each row.
+Left padding, as the engine batches: every row's next token goes in the same cache column (``kv_cache.py``).
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,157 +30,12 @@ from torch import nn
 
 from langgraph_art.models.loading import release_file_pages
 from langgraph_art.models.lora import plain_linear
+from langgraph_art.serve.engines.hf.kv_cache import FastCache
 
 log = logging.getLogger(__name__)
 
 _ARCHITECTURES = ("qwen2", "llama", "mistral")
-# Free columns a re-allocated batch cache keeps on the left, so that a joining row longer than the running ones (an
-# agent's next turn: its conversation plus a tool result) still fits in place; attention never reads them.
-JOIN_MARGIN = 512
 _STATIC_ROPE = ("default", "linear", "llama3")  # inv_freq fixed at load: what the module holds is what HF uses
-
-
-@dataclass
-class FastCache:
-    keys: torch.Tensor  # [L, B, kv_heads, capacity, head_dim]
-    values: torch.Tensor  # [L, B, kv_heads, capacity, head_dim]
-    valid: torch.Tensor  # [B, capacity] bool: column holds a real token of the row
-    length: int = 0  # columns written
-    # the buffers (keys, values, valid) whose first B rows these are: rows that left keep their room for rows joining
-    rows_room: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
-
-    def first_used(self, end: int) -> int:
-        """The first of the columns before ``end`` that a row holds a token in (``end`` when none): the columns
-        before it (rows that left, the margin kept for joins) are never read."""
-        used = self.valid[:, :end].any(0)
-        return int(used.to(torch.uint8).argmax()) if bool(used.any()) else end
-
-    def select(self, index: torch.Tensor) -> None:
-        """Keep (or repeat) the rows ``index`` [B'] in this order. Rows leaving a batch (``index`` increasing) are
-        dropped in place: the rows after a gap move up, only their written columns are copied, and the buffers stay
-        (a copy of the whole cache, its room included, took ~0.3 s per finished row on SmolLM2 at batch 32), with
-        the rows that left as room for rows that join. Otherwise (repeats, another order) the rows are copied, less
-        the leading columns no kept row uses."""
-        kept = index.tolist()
-        if all(b > a for a, b in itertools.pairwise(kept)):
-            self._keep_in_place(kept)
-            return
-        valid = self.valid.index_select(0, index)
-        used = valid[:, : self.length].any(0).nonzero()
-        start = int(used[0]) if len(used) else 0
-        self.keys = self.keys[:, :, :, start:].index_select(1, index)
-        self.values = self.values[:, :, :, start:].index_select(1, index)
-        self.valid = valid[:, start:]
-        self.length -= start
-        self.rows_room = None
-
-    def row_view(self, row: int, start: int) -> FastCache:
-        """Row ``row`` from column ``start`` on as an empty one-row cache whose columns are this one's (views, not
-        copies): a prompt prefilled into it lands in place here. Its room is this cache's; it must not grow."""
-        keys, values = self.keys[:, row : row + 1, :, start:], self.values[:, row : row + 1, :, start:]
-        return FastCache(keys, values, self.valid[row : row + 1, start:])
-
-    @torch.inference_mode()  # the buffers may have been grown inside a forward: inference tensors
-    def _keep_in_place(self, kept: list[int]) -> None:
-        if self.rows_room is None:
-            self.rows_room = (self.keys, self.values, self.valid)
-        for target, source in enumerate(kept):
-            if target != source:
-                self.keys[:, target, :, : self.length] = self.keys[:, source, :, : self.length]
-                self.values[:, target, :, : self.length] = self.values[:, source, :, : self.length]
-                self.valid[target] = self.valid[source]
-        rows = len(kept)
-        self.keys, self.values, self.valid = self.keys[:, :rows], self.values[:, :rows], self.valid[:rows]
-
-    def extend(self, other: FastCache) -> None:
-        """Append ``other``'s rows after these, right-aligned so that every row's next token goes in the same column
-        (zeros on their left, marked invalid). In place when ``other`` is no longer than the columns written and
-        rows that left this cache have left room for its rows (an agent loop's runs leave and join again, turn
-        after turn): only ``other``'s columns are copied. Otherwise into new buffers, with ``JOIN_MARGIN`` free
-        columns on the left for the rows that join later (on SmolLM2 a copy of 8 rows of 4.6k tokens took 0.58 s,
-        and an agent step of 8 runs x 8 calls joins ~60 times)."""
-        if self._join_in_place(other):
-            return
-        both = FastCache.stacked([self, other], margin=JOIN_MARGIN)
-        self.keys, self.values, self.valid, self.length = both.keys, both.values, both.valid, both.length
-        self.rows_room = None
-
-    @torch.inference_mode()
-    def _join_in_place(self, other: FastCache) -> bool:
-        rows, extra, shift = self.valid.shape[0], other.valid.shape[0], self.length - other.length
-        room = self.rows_room
-        if room is None or shift < 0 or room[2].shape[0] < rows + extra:
-            return False
-        keys, values, valid = room
-        if keys.data_ptr() != self.keys.data_ptr() or keys.shape[3] != self.keys.shape[3]:
-            return False  # these rows are not the first of those buffers any more
-        new = slice(rows, rows + extra)
-        keys[:, new, :, :shift] = 0  # padding: masked, but never garbage (NaN * 0 is NaN)
-        values[:, new, :, :shift] = 0
-        keys[:, new, :, shift : self.length] = other.keys[:, :, :, : other.length]
-        values[:, new, :, shift : self.length] = other.values[:, :, :, : other.length]
-        valid[new] = False
-        valid[new, shift : self.length] = other.valid[:, : other.length]
-        self.keys, self.values, self.valid = keys[:, : rows + extra], values[:, : rows + extra], valid[: rows + extra]
-        return True
-
-    @classmethod
-    def stacked(cls, parts: list[FastCache], margin: int = 0) -> FastCache:
-        """The rows of ``parts`` one after the other, right-aligned at the longest length plus ``margin`` (zeros on
-        the left, marked invalid), with the largest room any part had left (at least one column)."""
-        length = max(part.length for part in parts) + margin
-        capacity = length + max(1, *(part.valid.shape[1] - part.length for part in parts))
-        rows = sum(part.valid.shape[0] for part in parts)
-        first = parts[0]
-        shape = (first.keys.shape[0], rows, first.keys.shape[2], capacity, first.keys.shape[4])
-        keys, values = first.keys.new_zeros(shape), first.values.new_zeros(shape)
-        valid = first.valid.new_zeros((rows, capacity))
-        row = 0
-        for part in parts:
-            n, shift = part.valid.shape[0], length - part.length
-            keys[:, row : row + n, :, shift:length] = part.keys[:, :, :, : part.length]
-            values[:, row : row + n, :, shift:length] = part.values[:, :, :, : part.length]
-            valid[row : row + n, shift:length] = part.valid[:, : part.length]
-            row += n
-        return cls(keys, values, valid, length)
-
-    @torch.inference_mode()
-    def write(self, blocks: list[tuple[torch.Tensor, torch.Tensor]], length: int) -> None:
-        """Fill an empty one-row cache with the KV of a prompt's first ``length`` tokens, given as consecutive
-        blocks (keys and values [L, kv_heads, block, head_dim] each, positions from 0; from the prefix cache):
-        columns 0..length-1, valid."""
-        assert self.length == 0 and self.valid.shape[0] == 1, "write fills an empty one-row cache"
-        self.reserve(length + 1)
-        start = 0
-        for keys, values in blocks:
-            n = min(keys.shape[2], length - start)
-            if n <= 0:
-                break
-            self.keys[:, 0, :, start : start + n] = keys[:, :, :n]
-            self.values[:, 0, :, start : start + n] = values[:, :, :n]
-            start += n
-        assert start == length, f"the blocks hold {start} of the {length} tokens asked for"
-        self.valid[0, :length] = True
-        self.length = length
-
-    def copy(self) -> FastCache:
-        """An independent copy (same capacity); writing into either leaves the other as it was."""
-        return FastCache(self.keys.clone(), self.values.clone(), self.valid.clone(), self.length)
-
-    def reserve(self, columns: int) -> None:
-        """Room for ``columns`` columns. The cache doubles (keeping what is written) when it runs out, so a
-        request allowed thousands of tokens does not allocate them all before its first one."""
-        capacity = self.valid.shape[1]
-        if columns <= capacity:
-            return
-        size = max(columns, 2 * capacity)
-        keys = self.keys.new_empty((*self.keys.shape[:3], size, self.keys.shape[4]))
-        values = torch.empty_like(keys)
-        valid = self.valid.new_zeros((self.valid.shape[0], size))
-        keys[:, :, :, : self.length] = self.keys[:, :, :, : self.length]
-        values[:, :, :, : self.length] = self.values[:, :, :, : self.length]
-        valid[:, : self.length] = self.valid[:, : self.length]
-        self.keys, self.values, self.valid, self.rows_room = keys, values, valid, None
 
 
 @dataclass
@@ -324,9 +177,10 @@ class FastLM:
         cache.reserve(end)
         cache.valid[:, start:end] = valid
         first = cache.first_used(start)  # columns before it: nobody's (rows that left, the margin for joins)
+        head = cache.shares if cache.shares_head() else None  # [B] bool: rows that read the shared head first
         # a prompt fed whole from the first column without padding needs only the causal rule: SDPA's own causal
         # kernel skips the masked half (3700 tokens on SmolLM2: 119 ms a layer against 260 with the same rule as a mask)
-        causal = start == first and width > 1 and bool(valid.all())
+        causal = head is None and start == first and width > 1 and bool(valid.all())
         mask = None if causal else _attention_mask(cache.valid[:, first:end], start - first, width)  # [B,1,T,S] | None
         cos, sin = self._rotary(positions)  # [B, T, 1, head_dim] each; sin signed for the rotation by roll
         heads, kv_heads, head_dim = self.heads, self.kv_heads, self.head_dim
@@ -341,9 +195,14 @@ class FastLM:
             q = qk[:, :, :heads].transpose(1, 2)  # [B, heads, T, hd]
             cache.keys[index, :, :, start:end] = qk[:, :, heads:].transpose(1, 2)  # [B, kv, T, hd]
             cache.values[index, :, :, start:end] = qkv[:, qk_size:].view(rows, width, kv_heads, -1).transpose(1, 2)
-            attended = _attend(
-                q, cache.keys[index, :, :, first:end], cache.values[index, :, :, first:end], mask, causal
-            )
+            keys, values = cache.keys[index, :, :, first:end], cache.values[index, :, :, first:end]
+            if head is None:
+                attended = _attend(q, keys, values, mask, causal)
+            else:
+                assert cache.head_keys is not None and cache.head_values is not None
+                attended = _attend_with_head(
+                    q, keys, values, mask, cache.head_keys[index], cache.head_values[index], head
+                )
             attended = attended.transpose(1, 2).reshape(rows * width, -1)
             x = _add_lora(torch.addmm(x, attended, layer.o), attended, lo_o)  # residual + o_proj
             if layer.o_proj.bias is not None:
@@ -462,6 +321,62 @@ def _attend(
     if causal:
         return F.scaled_dot_product_attention(q, keys, values, is_causal=True, enable_gqa=True)
     return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)
+
+
+def _attend_with_head(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor | None,
+    head_keys: torch.Tensor,
+    head_values: torch.Tensor,
+    shares: torch.Tensor,
+) -> torch.Tensor:
+    """Cascade attention: ``_attend``'s result for rows whose keys are a shared head followed by their own columns.
+    ``q`` [B, heads, T, hd]; ``keys``/``values`` [B, kv_heads, S, hd] each row's own columns, ``mask`` [B, 1, T, S]
+    or None as for ``_attend``; ``head_keys``/``head_values`` [kv_heads, P, hd], the KV of the tokens before every
+    sharing row's own (positions 0..P-1: no query precedes them, so no mask); ``shares`` [B] bool, the rows that
+    read the head. All rows' queries attend to the head in one call, so its KV is read once, not once per row; the
+    two parts' softmaxes are merged by their log-sum-exp."""
+    rows, heads, width, head_dim = q.shape
+    kv_heads = keys.shape[1]
+    per_kv = heads // kv_heads * width  # query head h reads key head h // group: a key head's queries side by side
+    grouped = q.reshape(rows, kv_heads, per_kv, head_dim)  # [B, kv, g*T, hd], query (j, t) at j * T + t
+    own_mask = None if mask is None else mask.repeat(1, 1, heads // kv_heads, 1)  # [B, 1, g*T, S]
+    own, own_lse = _attend_lse(grouped, keys, values, own_mask)  # [B, kv, g*T, hd], [B, kv, g*T]
+    every = grouped.transpose(0, 1).reshape(1, kv_heads, rows * per_kv, head_dim)  # [1, kv, B*g*T, hd]
+    shared, shared_lse = _attend_lse(every, head_keys[None], head_values[None], None)
+    shared = shared.view(kv_heads, rows, per_kv, head_dim).transpose(0, 1)  # [B, kv, g*T, hd]
+    shared_lse = shared_lse.view(kv_heads, rows, per_kv).transpose(0, 1)  # [B, kv, g*T]
+    shared_lse = shared_lse.masked_fill(~shares[:, None, None], float("-inf"))  # rows without the head: weight 0
+    total = torch.logaddexp(own_lse, shared_lse)
+    out = own * (own_lse - total).exp()[..., None].to(own.dtype)
+    out = out + shared * (shared_lse - total).exp()[..., None].to(own.dtype)
+    return out.reshape(rows, heads, width, head_dim)
+
+
+def _attend_lse(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of ``q`` [B, H, T, hd] over ``keys``/``values`` [B, H, S, hd] (``mask`` [B, 1, T, S] bool or None)
+    and each query's log-sum-exp of its scores [B, H, T] (float32), which merging two parts needs. On CPU torch's
+    flash kernel returns both; elsewhere ``_attend_lse_math``."""
+    if q.device.type != "cpu":
+        return _attend_lse_math(q, keys, values, mask)
+    bias = None if mask is None else q.new_zeros(mask.shape).masked_fill_(~mask, float("-inf"))  # of q's dtype
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, keys, values, attn_mask=bias)
+    return out, lse.float()
+
+
+def _attend_lse_math(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_attend_lse`` written out, the scores in float32: out [B, H, T, hd], log-sum-exp [B, H, T]."""
+    scores = (q.float() @ keys.float().transpose(-1, -2)) * q.shape[-1] ** -0.5  # [B, H, T, S]
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    lse = scores.logsumexp(-1)  # [B, H, T]
+    return ((scores - lse[..., None]).exp() @ values.float()).to(q.dtype), lse
 
 
 def _attention_mask(valid: torch.Tensor, start: int, width: int) -> torch.Tensor | None:

@@ -18,7 +18,8 @@ import torch
 from transformers.cache_utils import DynamicLayer
 
 from langgraph_art.models.loading import cache_of
-from langgraph_art.serve.engines.hf.fast import FastCache, FastLM, FastLora
+from langgraph_art.serve.engines.hf.fast import FastLM, FastLora
+from langgraph_art.serve.engines.hf.kv_cache import FastCache
 from langgraph_art.serve.engines.hf.prefill import EngineCounts, Prefill
 from langgraph_art.serve.engines.hf.prefix_cache import ColumnsKV, PrefixCache
 
@@ -27,6 +28,9 @@ from langgraph_art.serve.engines.hf.prefix_cache import ColumnsKV, PrefixCache
 # calls. SmolLM2-135M, 16 BFCL prompts of 225-376 tokens: 19.5 s apart against 30.8 s padded, one thread.
 APART_PREFILL_WORK = 2**20
 MIN_SHARED_PROMPT = 16  # tokens: a shorter common beginning is prefilled with each prompt
+# tokens: rows of a batch that begin with at least this many of the same tokens read them from one shared head
+# (``kv_cache.py``, cascade attention); a shorter beginning stays in each row's own columns
+MIN_SHARED_HEAD = 256
 
 
 class Steps(Protocol):
@@ -136,8 +140,14 @@ class FastSteps:
         self.device = fast.embed.device
         self.cache: FastCache | None = None
         self.next_pos = torch.empty(0)
+        self.prompts: list[tuple[int, ...]] = []  # each row's prompt
+        self.head: tuple[int, ...] = ()  # the tokens of the cache's shared head
 
     def prefill(self, batch: Prefill) -> torch.Tensor:
+        return self._prefill(batch, share=True)
+
+    def _prefill(self, batch: Prefill, share: bool) -> torch.Tensor:
+        """``prefill``; ``share``: the rows' common beginning becomes the cache's shared head where long enough."""
         rows, width = batch.input_ids.shape
         room = min(self.max_new, 256)  # the cache grows past it if needed
         small = rows == 1 or rows * width * self.fast.embed.shape[1] < APART_PREFILL_WORK
@@ -153,6 +163,9 @@ class FastSteps:
             logits, cache = self._prefill_apart(batch, room)
         self.cache = cache
         self.next_pos = batch.positions[:, -1:] + 1  # [U, 1]
+        self.prompts = [batch.prompts[u] for u in batch.source]
+        if share and len(self.prompts) > 1:  # before the rows are repeated: they repeat only what follows it
+            self._share_head(batch.prompts, list(range(len(batch.prompts))))
         if batch.shared:
             index = torch.tensor(batch.source, device=logits.device)
             cache.select(index)
@@ -244,36 +257,63 @@ class FastSteps:
         assert self.cache is not None, "prefill first"
         self.cache.select(index)
         self.next_pos = self.next_pos[index]
+        self.prompts = [self.prompts[b] for b in index.tolist()]
 
     def keep(self, row: int, tokens: list[int]) -> None:
         """A row is finishing: keep the KV of its prompt and what it fed since (``tokens``, the prompt then the
         sampled ids, of which the cache holds a prefix) in the prefix cache."""
         if self.prefix is None or self.cache is None:
             return
-        fed = int(self.cache.valid[row, : self.cache.length].sum())
+        fed = self.cache.tokens_held(row)
         self.prefix.insert(self.policy, tokens[:fed], _row_columns(self.cache, row))
 
     def join(self, batch: Prefill) -> torch.Tensor:
         assert self.cache is not None, "prefill first"
         new = FastSteps(self.fast, self.max_new, self.lora, prefix=self.prefix, policy=self.policy, counts=self.counts)
-        logits = new.prefill(batch)  # [B', V]
+        logits = new._prefill(batch, share=False)  # [B', V]
         assert new.cache is not None
-        self.cache.extend(new.cache)
+        if not self.cache.shares_head():  # the first rows to share one, or the rows sharing it have all left
+            self._share_head([*self.prompts, *new.prompts], list(range(len(self.prompts))))
+        width = len(self.head)
+        sharing = [width > 0 and prompt[:width] == self.head for prompt in new.prompts]
+        self.cache.extend(new.cache, sharing)
         self.next_pos = torch.cat([self.next_pos, new.next_pos])
+        self.prompts += new.prompts
         return logits
+
+    def _share_head(self, prompts: list[tuple[int, ...]], rows: list[int]) -> None:
+        """Where ``prompts`` (those of the rows after this change) begin with ``MIN_SHARED_HEAD`` or more of the same
+        tokens, make them the cache's shared head for ``rows`` (the rows it holds now, all of which begin so)."""
+        assert self.cache is not None
+        self.head = ()
+        width = common_prefix(prompts, min(len(prompt) for prompt in prompts))
+        if width >= MIN_SHARED_HEAD:
+            self.cache.share_head(rows, width)
+            self.head = prompts[0][:width]
 
 
 def _row_columns(cache: FastCache, row: int) -> ColumnsKV:
     """Row ``row``'s KV by token: ``kv(start, stop)`` is that of its tokens start..stop-1, [L, kv_heads, stop - start,
-    head_dim] each, read from its valid columns in order (padding on the left of a joined row, or between the tokens
-    of a jump-forward step, skipped)."""
+    head_dim] each: the shared head's for the tokens it holds (a row that shares it), then the row's valid columns in
+    order (padding on the left of a joined row, or between the tokens of a jump-forward step, skipped)."""
+    head = cache.head_length if cache.row_shares(row) else 0
     valid = cache.valid[row, : cache.length]  # [S]
-    offset = int((~valid).long().cumprod(0).sum())  # the padding before its first token
+    offset = int((~valid).long().cumprod(0).sum())  # the padding before its first own token
     columns = None if bool(valid[offset:].all()) else valid.nonzero().flatten()  # [n]
 
-    def kv(start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def own(start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:  # positions from the row's first own token
         index: slice | torch.Tensor = slice(offset + start, offset + stop) if columns is None else columns[start:stop]
         return cache.keys[:, row][:, :, index], cache.values[:, row][:, :, index]  # [L, kv, S, hd] -> columns
+
+    def kv(start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if start >= head:
+            return own(start - head, stop - head)
+        assert cache.head_keys is not None and cache.head_values is not None
+        keys, values = cache.head_keys[:, :, start : min(stop, head)], cache.head_values[:, :, start : min(stop, head)]
+        if stop <= head:
+            return keys, values
+        more_keys, more_values = own(0, stop - head)
+        return torch.cat([keys, more_keys], 2), torch.cat([values, more_values], 2)
 
     return kv
 
