@@ -104,7 +104,9 @@ def test_a_shared_head_is_held_once_and_rows_keep_what_follows() -> None:
     running.select(torch.tensor([1]))  # row 0 leaves; its room stays
     assert running.shares is not None and running.shares.tolist() == [True]
     joiners = cache_of_tokens([7, 3], capacity=8)  # the first begins with the head, the second does not
-    running.extend(joiners, sharing=[True, False])
+    assert running.head_keys is not None and running.head_values is not None
+    joiners.adopt_head([0], running.head_keys, running.head_values)
+    running.extend(joiners)
     assert running.keys.untyped_storage().data_ptr() != storage  # two rows joining where one left: new buffers
     assert running.shares is not None and running.shares.tolist() == [True, True, False]
     assert [running.tokens_held(b) for b in range(3)] == [8, 7, 3]
@@ -129,16 +131,23 @@ def test_rows_whose_prompt_is_all_head_repeat_nothing() -> None:
 
 async def run_agent_group(path: Path, head: int, monkeypatch: pytest.MonkeyPatch) -> tuple[list, int, int]:
     """A group of 4 runs of one long prompt decoding while the next turn of one of them (the prompt, a call, a tool
-    result) and an unrelated request join; the samples, how many rows shared a head, how many requests joined."""
+    result) and an unrelated request join; the samples, how many rows shared a head (the group's, and the joiner
+    prefilled after it), how many requests joined."""
     monkeypatch.setattr(steps, "MIN_SHARED_HEAD", head)
     shared = []
-    share = kv_cache.FastCache.share_head
+    share, after = kv_cache.FastCache.share_head, steps.FastSteps._after_head
 
     def counting(cache: FastCache, rows: list[int], length: int) -> None:
         shared.append(len(rows))
         share(cache, rows, length)
 
+    def counting_after(fast_steps: steps.FastSteps, prompts: list[tuple[int, ...]]) -> list[int]:
+        skips = after(fast_steps, prompts)
+        shared.append(sum(skip > 0 for skip in skips))
+        return skips
+
     monkeypatch.setattr(kv_cache.FastCache, "share_head", counting)
+    monkeypatch.setattr(steps.FastSteps, "_after_head", counting_after)
     engine = HFEngine(str(path), max_batch_size=16)
     await engine.start()
     try:
@@ -167,7 +176,7 @@ async def test_runs_sharing_a_head_sample_what_they_sample_without_it(
 ) -> None:
     with_head, rows_shared, joined = await run_agent_group(tiny_path, 8, monkeypatch)
     without, none_shared, _ = await run_agent_group(tiny_path, 10**9, monkeypatch)
-    assert rows_shared >= 1 and none_shared == 0 and joined == 2
+    assert rows_shared >= 2 and none_shared == 0 and joined == 2  # the group's row, then the next turn after it
     assert len(with_head) == len(without) == 6
     for (ids, logprobs), (ids_ref, logprobs_ref) in zip(with_head, without, strict=True):
         assert ids == ids_ref

@@ -151,12 +151,13 @@ class FastLM:
 
     # -- forward ---------------------------------------------------------------------------------------------
     def new_cache(self, rows: int, capacity: int) -> FastCache:
-        """An empty cache (it grows past ``capacity`` when needed). Columns are only read once written."""
+        """An empty cache (it grows past ``capacity`` when needed), zeroed: a column no row has written may be read
+        as padding (masked) by rows joining later, and must not hold NaN."""
         shape = (len(self.layers), rows, self.kv_heads, capacity, self.head_dim)
         dtype, device = self.embed.dtype, self.embed.device
         return FastCache(
-            keys=torch.empty(shape, dtype=dtype, device=device),
-            values=torch.empty(shape, dtype=dtype, device=device),
+            keys=torch.zeros(shape, dtype=dtype, device=device),
+            values=torch.zeros(shape, dtype=dtype, device=device),
             valid=torch.zeros((rows, capacity), dtype=torch.bool, device=device),
         )
 

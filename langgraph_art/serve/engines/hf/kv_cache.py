@@ -54,11 +54,20 @@ class FastCache:
         attention no longer reads them there). A head nobody shares any more is replaced."""
         assert not self.shares_head(), "the batch has a shared head already"
         columns = self._leading_columns(rows[0], length)
-        self.head_keys = self.keys[:, rows[0], :, columns].clone()  # [L, kv, P, hd]
-        self.head_values = self.values[:, rows[0], :, columns].clone()
-        self.shares = torch.zeros(self.valid.shape[0], dtype=torch.bool, device=self.valid.device)
+        keys, values = self.keys[:, rows[0], :, columns].clone(), self.values[:, rows[0], :, columns].clone()
+        self.head_keys = self.head_values = self.shares = None
+        self.adopt_head(rows, keys, values)
+
+    @torch.inference_mode()
+    def adopt_head(self, rows: list[int], keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Rows ``rows`` begin with the tokens whose KV is ``keys``/``values`` ([L, kv_heads, P, head_dim], another
+        cache's shared head): they read it from there and their first P columns are dropped (marked invalid)."""
+        assert self.head_keys is None or self.head_keys is keys, "a cache holds one shared head"
+        self.head_keys, self.head_values = keys, values
+        if self.shares is None:
+            self.shares = torch.zeros(self.valid.shape[0], dtype=torch.bool, device=self.valid.device)
         for row in rows:
-            self.valid[row, self._leading_columns(row, length)] = False
+            self.valid[row, self._leading_columns(row, keys.shape[2])] = False
             self.shares[row] = True
 
     def _leading_columns(self, row: int, count: int) -> torch.Tensor:
@@ -121,21 +130,19 @@ class FastCache:
         rows = len(kept)
         self.keys, self.values, self.valid = self.keys[:, :rows], self.values[:, :rows], self.valid[:rows]
 
-    def extend(self, other: FastCache, sharing: list[bool] | None = None) -> None:
+    def extend(self, other: FastCache) -> None:
         """Append ``other``'s rows after these, right-aligned so that every row's next token goes in the same column
-        (zeros on their left, marked invalid). ``sharing``: which of ``other``'s rows begin with this cache's shared
-        head (their first P tokens are its tokens; only what follows is joined). In place when ``other``'s columns
-        fit in those written and rows that left this cache have left room for its rows (an agent loop's runs leave
-        and join again, turn after turn): only ``other``'s columns are copied. Otherwise into new buffers, with
-        ``JOIN_MARGIN`` free columns on the left for the rows that join later (on SmolLM2 a copy of 8 rows of 4.6k
-        tokens took 0.58 s, and an agent step of 8 runs x 8 calls joins ~60 times)."""
-        sharing = sharing or [False] * other.valid.shape[0]
-        if any(sharing):
-            assert self.head_keys is not None, "rows can only share a head the batch has"
-            for row in (r for r, shares in enumerate(sharing) if shares):
-                other.valid[row, other._leading_columns(row, self.head_length)] = False
-        if self.shares is not None:
-            self.shares = torch.cat([self.shares, torch.tensor(sharing, device=self.shares.device)])
+        (marked invalid on their left). Rows of ``other`` that share a head share this cache's (the same tensors).
+        In place when ``other``'s columns fit in those written and rows that left this cache have left room for its
+        rows (an agent loop's runs leave and join again, turn after turn): only ``other``'s columns are copied.
+        Otherwise into new buffers, with ``JOIN_MARGIN`` free columns on the left for the rows that join later (on
+        SmolLM2 a copy of 8 rows of 4.6k tokens took 0.58 s, and an agent step of 8 runs x 8 calls joins ~60 times)."""
+        if other.shares_head():
+            assert other.head_keys is self.head_keys, "rows can only share the head of the batch they join"
+        if self.shares is not None or other.shares is not None:
+            mine = self.shares if self.shares is not None else self.valid.new_zeros(self.valid.shape[0])
+            theirs = other.shares if other.shares is not None else other.valid.new_zeros(other.valid.shape[0])
+            self.shares = torch.cat([mine, theirs])
         if self._join_in_place(other):
             return
         both = FastCache.stacked([self, other], margin=JOIN_MARGIN)
@@ -153,8 +160,8 @@ class FastCache:
         if keys.data_ptr() != self.keys.data_ptr() or keys.shape[3] != self.keys.shape[3]:
             return False  # these rows are not the first of those buffers any more
         new = slice(rows, rows + extra)
-        keys[:, new, :, :shift] = 0  # padding: masked, but never garbage (NaN * 0 is NaN)
-        values[:, new, :, :shift] = 0
+        # the columns on their left stay as they are (padding, masked): zeros or some row's KV, never garbage, since
+        # buffers are allocated zeroed (an attention weight of 0 times NaN is NaN)
         keys[:, new, :, shift : self.length] = other.keys[:, :, :, first : other.length]
         values[:, new, :, shift : self.length] = other.values[:, :, :, first : other.length]
         valid[new] = False
@@ -185,23 +192,24 @@ class FastCache:
         return cls(keys, values, valid, length)
 
     @torch.inference_mode()
-    def write(self, blocks: list[tuple[torch.Tensor, torch.Tensor]], length: int) -> None:
-        """Fill an empty one-row cache with the KV of a prompt's first ``length`` tokens, given as consecutive
-        blocks (keys and values [L, kv_heads, block, head_dim] each, positions from 0; from the prefix cache):
-        columns 0..length-1, valid."""
+    def write(self, blocks: list[tuple[torch.Tensor, torch.Tensor]], length: int, skip: int = 0) -> None:
+        """Fill an empty one-row cache with the KV of a prompt's tokens ``skip..length-1``, given as consecutive
+        blocks from token 0 (keys and values [L, kv_heads, block, head_dim] each; from the prefix cache): columns
+        0..length-skip-1, valid. ``skip``: the tokens a shared head holds."""
         assert self.length == 0 and self.valid.shape[0] == 1, "write fills an empty one-row cache"
-        self.reserve(length + 1)
-        start = 0
+        count = length - skip
+        self.reserve(count + 1)
+        token = 0  # the first token of the block
         for keys, values in blocks:
-            n = min(keys.shape[2], length - start)
-            if n <= 0:
-                break
-            self.keys[:, 0, :, start : start + n] = keys[:, :, :n]
-            self.values[:, 0, :, start : start + n] = values[:, :, :n]
-            start += n
-        assert start == length, f"the blocks hold {start} of the {length} tokens asked for"
-        self.valid[0, :length] = True
-        self.length = length
+            first, stop = max(skip, token), min(token + keys.shape[2], length)
+            if stop > first:
+                columns = slice(first - skip, stop - skip)
+                self.keys[:, 0, :, columns] = keys[:, :, first - token : stop - token]
+                self.values[:, 0, :, columns] = values[:, :, first - token : stop - token]
+            token += keys.shape[2]
+        assert token >= length, f"the blocks hold {token} of the {length} tokens asked for"
+        self.valid[0, :count] = True
+        self.length = count
 
     def copy(self) -> FastCache:
         """An independent copy (same capacity); writing into either leaves the other as it was."""
@@ -217,8 +225,8 @@ class FastCache:
         if columns <= capacity:
             return
         size = max(columns, 2 * capacity)
-        keys = self.keys.new_empty((*self.keys.shape[:3], size, self.keys.shape[4]))
-        values = torch.empty_like(keys)
+        keys = self.keys.new_zeros((*self.keys.shape[:3], size, self.keys.shape[4]))  # zeros: see _join_in_place
+        values = torch.zeros_like(keys)
         valid = self.valid.new_zeros((self.valid.shape[0], size))
         keys[:, :, :, : self.length] = self.keys[:, :, :, : self.length]
         values[:, :, :, : self.length] = self.values[:, :, :, : self.length]

@@ -142,6 +142,9 @@ class FastSteps:
         self.next_pos = torch.empty(0)
         self.prompts: list[tuple[int, ...]] = []  # each row's prompt
         self.head: tuple[int, ...] = ()  # the tokens of the cache's shared head
+        # for rows joining a batch: its shared head (tokens, keys, values), which prompts that begin with it are
+        # prefilled after (with the prefix cache on: without it, a joiner computes its whole prompt)
+        self.after: tuple[tuple[int, ...], torch.Tensor, torch.Tensor] | None = None
 
     def prefill(self, batch: Prefill) -> torch.Tensor:
         return self._prefill(batch, share=True)
@@ -151,7 +154,7 @@ class FastSteps:
         rows, width = batch.input_ids.shape
         room = min(self.max_new, 256)  # the cache grows past it if needed
         small = rows == 1 or rows * width * self.fast.embed.shape[1] < APART_PREFILL_WORK
-        if small and not self._any_cached(batch):
+        if small and not self._any_cached(batch) and self._after_head(batch.prompts) == [0] * rows:
             cache = self.fast.new_cache(rows, width + room)
             logits = self.fast.forward(batch.input_ids, batch.positions, batch.mask.bool(), cache, self.lora)
             self.counts.prefill_tokens += int(batch.mask.sum())
@@ -172,6 +175,13 @@ class FastSteps:
             logits, self.next_pos = logits[index], self.next_pos[index]
         return logits
 
+    def _after_head(self, prompts: list[tuple[int, ...]]) -> list[int]:
+        """For each prompt, the tokens of the batch's shared head it begins with and is prefilled after (0: none)."""
+        if self.after is None or self.prefix is None:
+            return [0] * len(prompts)
+        head = self.after[0]
+        return [len(head) if len(prompt) > len(head) and prompt[: len(head)] == head else 0 for prompt in prompts]
+
     def _any_cached(self, batch: Prefill) -> bool:
         if self.prefix is None:
             return False
@@ -185,7 +195,8 @@ class FastSteps:
         tokens), computed once and copied into each. Logits [U, V] and the prompts' caches, right-aligned as one
         batch."""
         prompts = batch.prompts  # ids of each distinct prompt
-        lengths = [len(prompt) for prompt in prompts]
+        skips = self._after_head(prompts)  # the tokens the batch's shared head holds for it
+        lengths = [len(prompt) - skip for prompt, skip in zip(prompts, skips, strict=True)]
         common, head = 0, None
         if self.prefix is None:
             common = common_prefix(prompts, min(lengths) - 1)  # each prompt keeps a token of its own: its logits
@@ -199,22 +210,26 @@ class FastSteps:
         # (SmolLM2 with 4-5k-token prompts: a row's KV is ~230 MB, and a copy per row was ~5% of an agent loop)
         width = max(lengths)
         batch_cache = self.fast.new_cache(len(prompts), width + room)
+        if any(skips) and self.after is not None:  # the rows prefilled after the running batch's head share it
+            batch_cache.adopt_head([], self.after[1], self.after[2])
+            batch_cache.shares = torch.tensor([skip > 0 for skip in skips], device=self.device)
         logits = []
-        for row, prompt in enumerate(prompts):
-            shift = width - len(prompt)
-            batch_cache.keys[:, row, :, :shift] = 0  # padding: masked, but never garbage (NaN * 0 is NaN)
-            batch_cache.values[:, row, :, :shift] = 0
-            cache = batch_cache.row_view(row, shift)
+        for row, (prompt, skip) in enumerate(zip(prompts, skips, strict=True)):
+            cache = batch_cache.row_view(row, width - lengths[row])  # the columns on its left: zeros, masked
             start = common
             if head is not None:  # the batch's common beginning, computed once
                 cache.write([(head.keys[:, 0], head.values[:, 0])], common)
+            if skip:  # the rest after the running batch's head, which it reads from there
+                assert batch_cache.shares is not None
+                cache.head_keys, cache.head_values = batch_cache.head_keys, batch_cache.head_values
+                cache.shares = batch_cache.shares[row : row + 1]
             if self.prefix is not None:
                 hit = self.prefix.lookup(self.policy, prompt, limit=len(prompt) - 1)
-                if hit.length:
-                    cache.write(hit.blocks, hit.length)
-                start = hit.length
+                if hit.length > skip:
+                    cache.write(hit.blocks, hit.length, skip)
+                start = max(hit.length, skip)
             logits.append(self._forward_from(prompt[start:], start, cache))  # [1, V]
-            assert cache.keys.data_ptr() == batch_cache.keys[:, row, :, shift:].data_ptr(), "the row view grew"
+            assert cache.keys.data_ptr() == batch_cache.keys[:, row, :, width - lengths[row] :].data_ptr(), "it grew"
             self.counts.prefill_tokens += len(prompt) - start
             if self.prefix is not None:
                 self.prefix.insert(self.policy, prompt, _row_columns(cache, 0))
@@ -270,13 +285,20 @@ class FastSteps:
     def join(self, batch: Prefill) -> torch.Tensor:
         assert self.cache is not None, "prefill first"
         new = FastSteps(self.fast, self.max_new, self.lora, prefix=self.prefix, policy=self.policy, counts=self.counts)
+        head = self.cache.shares_head()
+        if head:
+            assert self.cache.head_keys is not None and self.cache.head_values is not None
+            new.after = (self.head, self.cache.head_keys, self.cache.head_values)
         logits = new._prefill(batch, share=False)  # [B', V]
         assert new.cache is not None
-        if not self.cache.shares_head():  # the first rows to share one, or the rows sharing it have all left
+        if not head:  # the first rows to share one, or the rows sharing it have all left
             self._share_head([*self.prompts, *new.prompts], list(range(len(self.prompts))))
-        width = len(self.head)
-        sharing = [width > 0 and prompt[:width] == self.head for prompt in new.prompts]
-        self.cache.extend(new.cache, sharing)
+        if self.cache.head_keys is not None and self.cache.head_values is not None and self.head:
+            width = len(self.head)
+            rows = [r for r, p in enumerate(new.prompts) if p[:width] == self.head and not new.cache.row_shares(r)]
+            if rows:  # prefilled whole (no head yet, or no prefix cache): their first tokens go
+                new.cache.adopt_head(rows, self.cache.head_keys, self.cache.head_values)
+        self.cache.extend(new.cache)
         self.next_pos = torch.cat([self.next_pos, new.next_pos])
         self.prompts += new.prompts
         return logits
