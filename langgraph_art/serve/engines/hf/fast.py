@@ -15,7 +15,9 @@ modules' parameters re-pointed to (transposed) views of them. Anything written i
 an adapter merged by ``adapters.py``, is what the fast path computes; ``relink`` re-fuses if something replaced
 a parameter. Only configurations it reproduces are taken: ``FastLM.build`` returns None, and says why, otherwise.
 
-Left padding, as the engine batches: every row's next token goes in the same cache column (``kv_cache.py``).
+Left padding, as the engine batches: every row's next token goes in the same cache column (``kv_cache.py``). Where
+the cache holds a shared head (rows that begin with the same long prompt), attention runs in two parts, the head for
+all rows at once and each row's own columns, merged by their log-sum-exp (``_attend_with_head``).
 """
 
 from __future__ import annotations
