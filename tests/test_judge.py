@@ -165,6 +165,41 @@ def test_judge_and_functions_together(tmp_path: Path) -> None:
     assert [t.reward for t in g.trajectories] == [0.25 + 0.5, 0.25]
 
 
+class StructuredJudge(ScriptedJudge):
+    """Structured output as a constrained local model gives it: the reply parsed by the schema asked for, which it
+    keeps."""
+
+    schemas: list[Any] = Field(default_factory=list)
+
+    def with_structured_output(self, schema: Any, *, include_raw: bool = False, **kwargs: Any) -> Any:
+        from langchain_core.runnables import RunnableLambda
+
+        self.schemas.append(schema)
+
+        def answer(messages: Any) -> dict[str, Any]:
+            raw = self.invoke(messages)
+            return {"raw": raw, "parsed": schema.model_validate_json(raw.content), "parsing_error": None}
+
+        return RunnableLambda(answer)
+
+
+def test_a_judge_under_structured_output_may_only_name_the_groups_runs(tmp_path: Path) -> None:
+    """SmolLM2-135M judging under the open schema wrote a made-up id (an email's) in 16 of 16 groups: the schema asked
+    for now allows the group's ids only, one entry each, so a judge the schema constrains cannot."""
+    model = StructuredJudge(replies=[verdict(("t2", 0.9), ("t1", 0.1))], prompts=[])
+    ruler = art.RulerJudge(model, cache=False)
+    g = group(3)
+    with pytest.raises(RewardError):  # two entries for three runs: refused by the schema, then by the retry
+        score_groups([g], [ruler])
+    schema = model.schemas[0].model_json_schema()
+    assert schema["$defs"]["JudgeScore"]["properties"]["trajectory_id"]["enum"] == ["t1", "t2", "t3"]
+    assert schema["properties"]["scores"]["minItems"] == schema["properties"]["scores"]["maxItems"] == 3
+    model = StructuredJudge(replies=[verdict(("t2", 0.9), ("t1", 0.1))], prompts=[])
+    g = group(2)
+    score_groups([g], [art.RulerJudge(model, cache=False)])
+    assert [t.rewards["ruler"] for t in g.trajectories] == [0.1, 0.9] and len(model.schemas) == 1
+
+
 @pytest.mark.integration
 def test_tiny_model_as_judge_fails_cleanly(server: Any, tmp_path: Path) -> None:
     """The tiny model writes nonsense: a counted skip or a clear error, never a crash or a silent zero."""

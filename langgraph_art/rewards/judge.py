@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError, create_model
 
 from langgraph_art.errors import ConfigError, RewardError
 from langgraph_art.rewards.combine import GroupSkipped
@@ -58,6 +58,16 @@ class JudgeScore(BaseModel):
 
 class JudgeVerdict(BaseModel):
     scores: list[JudgeScore]
+
+
+def verdict_schema(ids: list[str]) -> type[JudgeVerdict]:
+    """``JudgeVerdict`` for one group: each ``trajectory_id`` one of ``ids``, one entry per run. A judge whose output
+    the schema constrains (a local model under a grammar) can then write no other id: SmolLM2-135M, asked with the
+    open schema, wrote an id it made up (an email's) in 16 of 16 groups."""
+    allowed: Any = Literal[tuple(ids)]  # the ids as a type: Literal["t1", "t2", ...]
+    score: Any = create_model("JudgeScore", __base__=JudgeScore, trajectory_id=(allowed, ...))
+    entries = Field(min_length=len(ids), max_length=len(ids))
+    return create_model("JudgeVerdict", __base__=JudgeVerdict, scores=(list[score], entries))
 
 
 class RulerJudge:
@@ -171,7 +181,7 @@ class RulerJudge:
                         "JSON only, one entry for each run id."
                     ),
                 ]
-            reply = await self._call(messages)
+            reply = await self._call(messages, ids)
             try:
                 return _parse(reply, ids)
             except ValueError as exc:
@@ -183,9 +193,9 @@ class RulerJudge:
             raise GroupSkipped(reason)
         raise RewardError(f"judge {self.name!r} on group {group_id}: {reason}")
 
-    async def _call(self, messages: list[BaseMessage]) -> Any:
+    async def _call(self, messages: list[BaseMessage], ids: list[str]) -> Any:
         if self.max_concurrency <= 0:
-            return await self._invoke(messages)
+            return await self._invoke(messages, ids)
         loop = asyncio.get_running_loop()
         if loop not in self._limits:
             for closed in [other for other in self._limits if other.is_closed()]:
@@ -193,15 +203,16 @@ class RulerJudge:
             self._limits[loop] = asyncio.Semaphore(self.max_concurrency)
         limit = self._limits[loop]
         async with limit:
-            return await self._invoke(messages)
+            return await self._invoke(messages, ids)
 
-    async def _invoke(self, messages: list[BaseMessage]) -> Any:
-        """Structured output when the judge model supports it; plain text parsed as strict JSON otherwise (and
-        from then on, once structured output has failed for this model)."""
+    async def _invoke(self, messages: list[BaseMessage], ids: list[str]) -> Any:
+        """Structured output (the group's own ids the only ones allowed: ``verdict_schema``) when the judge model
+        supports it; plain text parsed as strict JSON otherwise (and from then on, once structured output has failed
+        for this model)."""
         self.usage["calls"] += 1
         if self._structured is not False:
             try:
-                structured = self.judge_model.with_structured_output(JudgeVerdict, include_raw=True)
+                structured = self.judge_model.with_structured_output(verdict_schema(ids), include_raw=True)
                 out = await structured.ainvoke(messages)
             except Exception as exc:  # noqa: BLE001 - unsupported here: fall back to JSON text, said in the log
                 log.info("judge %s: structured output unavailable (%s); parsing JSON text instead", self.name, exc)
