@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 
 from langgraph_art.errors import ConfigError  # noqa: E402
 from langgraph_art.serve.engines.base import GenerationRequest, GenerationResult, SamplingParams  # noqa: E402
+from langgraph_art.serve.engines.hf import steps  # noqa: E402
 from langgraph_art.serve.engines.hf.engine import HFEngine  # noqa: E402
 from langgraph_art.serve.engines.hf.prefix_cache import PrefixCache  # noqa: E402
 from tests.helpers import WEATHER_TOOL, assert_same_samples  # noqa: E402
@@ -92,8 +93,15 @@ def test_a_zero_budget_keeps_nothing_and_bad_sizes_say_what_to_change() -> None:
 
 
 # -- the engine, cache on against cache off ----------------------------------------------------------------------
-@pytest.fixture
-async def pair(tiny_path: Path) -> AsyncIterator[tuple[HFEngine, HFEngine]]:
+@pytest.fixture(params=["short-prompts", "shared-head"])
+async def pair(
+    request: pytest.FixtureRequest, tiny_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[HFEngine, HFEngine]]:
+    """The engine with the cache and without it; under "shared-head" the rows of a batch that begin with the same 8
+    tokens share them as the batch's head (the tests' prompts are shorter than the 256 it takes by default), so a
+    joiner's next turn is prefilled after the head with the cache on, and in full with it off."""
+    if request.param == "shared-head":
+        monkeypatch.setattr(steps, "MIN_SHARED_HEAD", 8)
     on = HFEngine(str(tiny_path), max_batch_size=16)
     off = HFEngine(str(tiny_path), max_batch_size=16, enable_prefix_caching=False)
     for engine in (on, off):
