@@ -10,8 +10,10 @@ Held out: the evaluation asks its questions in two phrasings training never uses
 once, at the sampling temperature, before the first step and after the last.
 
 Recipe: the library's defaults (benchmarks/README.md, issue 35: chosen on this task): ``GRPOConfig()`` (learning
-rate 4e-4, micro-batches of 8), ``ChatART(model=model)`` (temperature 0.7, no max_tokens: the forced call ends itself)
-and ``Trainer``'s 1 question x 8 runs a step; 28 steps (the 224 runs of issue 26's 14 steps of 2 questions).
+rate 4e-4, micro-batches of 8), ``ChatART(model=model, max_tokens=MAX_TOKENS)`` (temperature 0.7; a call takes ~50
+tokens, and the cap stops a runaway number: in a CI run one of 8 runs wrote ``"value": 151.02888...`` for 7,890
+tokens, to the end of the context, and the step took minutes) and ``Trainer``'s 1 question x 8 runs a step; 28 steps
+(the 224 runs of issue 26's 14 steps of 2 questions).
 """
 
 from __future__ import annotations
@@ -103,6 +105,9 @@ def omp_threads() -> int | None:
     return int(first) if first.isdigit() and int(first) > 0 else None
 
 
+MAX_TOKENS = 128  # a convert call is ~50 tokens; see the module's docstring
+
+
 def run_demo(
     *,
     steps: int = 28,
@@ -120,8 +125,8 @@ def run_demo(
 ) -> dict[str, Any]:
     """Train, evaluate before and after, print the curve and one held-out question before and after. ``threads``:
     torch's (default ``OMP_NUM_THREADS`` where set, else every core: one process does all the work). The
-    hyper-parameters (``learning_rate`` ... ``max_tokens``) are the library's defaults when None;
-    ``benchmarks/defaults.py`` varies them."""
+    hyper-parameters (``learning_rate`` ... ``per_device_train_batch_size``) are the library's defaults when None,
+    ``max_tokens`` ``MAX_TOKENS``; ``benchmarks/defaults.py`` varies them."""
     import torch
 
     started = time.perf_counter()
@@ -134,7 +139,7 @@ def run_demo(
     with art.LocalBackend(home=home, engine=engine) as backend:
         model = art.TrainableModel(name=f"units-{int(time.time())}-{seed}", project="demo", base_model="smollm2-135m")
         model.register(backend)
-        sampling: dict[str, Any] = {"temperature": temperature, "max_tokens": max_tokens}
+        sampling: dict[str, Any] = {"temperature": temperature, "max_tokens": max_tokens or MAX_TOKENS}
         llm = art.ChatART(model=model, **{k: v for k, v in sampling.items() if v is not None})  # type: ignore[arg-type]
         tuned: dict[str, Any] = {
             "learning_rate": learning_rate,
