@@ -9,6 +9,8 @@ grammar, and both modes sample exactly alike. What differs is the trainer. "mask
 under the mask it was sampled with: the importance ratio starts at 1 and a forced token carries no gradient.
 "unmasked" takes it over the whole vocabulary: the ratio starts at the probability the policy put inside the mask
 (mostly far below 1 - epsilon, so clipped for every negative advantage), and the forced format tokens get gradient.
+That was measured under ``importance_sampling_correction="none"``; under the default correction since (issue 37)
+the ratio is to the trainer's own logprobs and that probability becomes each token's importance weight instead.
 
 Prints, per seed and mode: the train reward's mean over the first and last 5 steps, the held-out evaluation (the
 third question of each topic, 8 runs each) before and after, the first pass's mean ratio and clip fraction, the

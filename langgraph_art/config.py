@@ -163,6 +163,23 @@ class GRPOConfig(BaseModel):
         "(unmasked: the importance ratio then starts at the policy's mass inside the mask, not 1).",
     )
 
+    importance_sampling_correction: Literal[
+        "none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"
+    ] = Field(
+        default="token_truncate",
+        description="Correct the sampler/trainer mismatch (another engine's kernels, runs sampled by an older policy "
+        "with max_steps_off_policy): the ratio is to the trainer's own logprobs and each token's loss is weighted by "
+        "exp(trainer - sampler) logprob, truncated at importance_sampling_cap (token_truncate, TIS) or zeroed outside "
+        "[1/cap, cap] (token_mask), per token or per sequence (sequence_*: the product of its tokens' ratios); none: "
+        "the ratio is to the sampler's logprobs and the clip absorbs the mismatch (TRL's vllm_importance_sampling_mode "
+        "values).",
+    )
+    importance_sampling_cap: float = Field(
+        default=2.0,
+        description="The bound of importance_sampling_correction's weights (> 1); also the mismatch metrics' "
+        "threshold (train/mismatch/beyond_cap).",
+    )
+
     @model_validator(mode="after")
     def _check(self) -> GRPOConfig:
         problems = []
@@ -206,6 +223,11 @@ class GRPOConfig(BaseModel):
             problems.append("save_total_limit must be >= 1 (checkpoints kept besides pinned ones)")
         if self.logits_chunk_size is not None and self.logits_chunk_size < 1:
             problems.append(f"logits_chunk_size={self.logits_chunk_size}: use >= 1 tokens, or None to size it")
+        if not self.importance_sampling_cap > 1:
+            problems.append(
+                f"importance_sampling_cap={self.importance_sampling_cap}: the importance weights' bound must be > 1 "
+                "(e.g. 2.0); to turn the correction off, use importance_sampling_correction='none'"
+            )
         if problems:
             raise ConfigError("invalid GRPOConfig: " + "; ".join(problems))
         return self

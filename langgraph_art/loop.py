@@ -4,13 +4,14 @@ Each step gathers ``num_generations`` runs of the next scenarios with the curren
 them, trains one LoRA update and serves the new checkpoint as ``project/name@step``; the next step's runs use it.
 With ``max_steps_off_policy=N`` (N >= 1) the rollouts run up to N steps ahead of training: step k+1's runs sample
 with the policy of step k-1 while step k trains, so the engine does not idle during the update. Each turn records
-the policy step it was sampled with, the loss's importance ratio is against the sampler's own logprobs (which
-corrects the lag), and each step reports how stale its runs were (``off_policy/steps_mean``, ``_max``). On tiny-5m
-it took 0.65-0.70x the synchronous wall time (benchmarks/README.md, issue 15); ``LocalBackend(trainer_process=True)``
-keeps the trainer's Python off the engine's GIL. The default stays 0: each step trains on runs of the current
-policy, and a seeded run repeats itself (with N >= 1 which policy a rollout uses depends on timing).
-With ``eval_scenarios`` the policy is also evaluated on them (``evaluation.py``: runs stored as ``split="eval"``,
-never trained on) before the first step, every ``eval_every`` steps and after the last.
+the policy step it was sampled with, the loss weights each token by its truncated importance weight (trainer /
+sampler probability: ``GRPOConfig.importance_sampling_correction``), and each step reports how stale its runs were
+(``off_policy/steps_mean``, ``_max``) and how far their logprobs are from the trainer's (``train/mismatch/*``). On
+tiny-5m it took 0.65-0.70x the synchronous wall time (benchmarks/README.md, issue 15);
+``LocalBackend(trainer_process=True)`` keeps the trainer's Python off the engine's GIL. The default stays 0: each
+step trains on runs of the current policy, and a seeded run repeats itself (with N >= 1 which policy a rollout uses
+depends on timing). With ``eval_scenarios`` the policy is also evaluated on them (``evaluation.py``: runs stored as
+``split="eval"``, never trained on) before the first step, every ``eval_every`` steps and after the last.
 Metrics go to ``<home>/<project>/runs/<name>/metrics.jsonl`` (one line per step, ``"split": "train"``, and one per
 evaluation, ``"split": "eval"``) and the reward curve (train and eval) to ``reward_curve.png`` beside it; the run
 log is ``runlog.py``. The same records go to the sinks (``sinks.py``): the installed integrations' (Langfuse by

@@ -143,10 +143,17 @@ def test_unmasked_the_ratio_starts_at_the_mass_inside_the_mask(turns: list[Turn]
     """pi(a) / (pi(a) / Z) = Z: against the sampler's masked logprob, the unmasked ratio of each token before any
     update is exactly the probability the policy put inside the mask there, mostly far below 1 - epsilon (on the
     tokens sampled; those the grammar forced are fed by jump-forward and not trained)."""
-    metrics = trainer_for(tiny_path, tmp_path, constrained_logprobs="unmasked").step([group_of(turns)]).metrics
+    unmasked = {"constrained_logprobs": "unmasked", "importance_sampling_correction": "none"}
+    metrics = trainer_for(tiny_path, tmp_path, **unmasked).step([group_of(turns)]).metrics
     assert metrics["train/ratio_mean"] == pytest.approx(metrics["train/grammar/mass"], rel=1e-3)
     assert metrics["train/ratio_mean"] < 0.7 and metrics["train/clip_fraction"] > 0.2  # 1 - epsilon is 0.8
     assert metrics["train/sampler_logprob_gap"] > 0.5
+    # under the default mismatch correction the ratio is to the trainer's own logprobs (1) and the mass inside the
+    # mask is each token's importance weight instead (below 1: nothing to truncate)
+    corrected = trainer_for(tiny_path, tmp_path / "tis", constrained_logprobs="unmasked").step([group_of(turns)])
+    assert corrected.metrics["train/ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert corrected.metrics["train/mismatch/is_weight"] == pytest.approx(metrics["train/grammar/mass"], rel=1e-3)
+    assert corrected.metrics["train/mismatch/beyond_cap"] > 0 and corrected.metrics["train/clip_fraction"] == 0
 
 
 def test_a_turn_its_grammar_does_not_allow_trains_unmasked_and_is_counted(

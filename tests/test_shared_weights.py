@@ -171,6 +171,9 @@ def test_the_digits_task_learns_on_shared_weights(tmp_path: Path) -> None:
         assert len(trained) >= 4
         gaps = [m["train/sampler_logprob_gap"] for m in trained]
         assert all(gap < 1e-4 for gap in gaps), gaps
+        # the HF engine on-policy (max_steps_off_policy=0): no mismatch to correct, on any token
+        assert all(m["train/mismatch/abs_max"] < 1e-3 and m["train/mismatch/beyond_cap"] == 0 for m in trained)
+        assert all(m["train/mismatch/is_weight"] == pytest.approx(1.0, abs=1e-4) for m in trained)
         assert not engine._lm.training  # the trainer's turn ended in eval mode
 
 

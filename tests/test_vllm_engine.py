@@ -186,7 +186,7 @@ needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vLLM is not instal
 @pytest.mark.slow
 def test_local_backend_trains_with_vllm_sampling(tmp_path: Path) -> None:
     """The embedded loop on vLLM: an SFT warm-up served by vLLM, an async graph's runs sampled by vLLM, whose logprobs
-    the trainer reproduces (importance ratio 1 before the update), and each step's checkpoint served by vLLM as
+    the trainer reproduces (importance weights of 1 before the update), and each step's checkpoint served by vLLM as
     ``project/name@step`` (the demo on vLLM checked these, at ~110 s of the vLLM half's 605 s); then
     LangChain's create_agent trained with ``atrain`` inside a running event loop, twice on that loop."""
     import asyncio
@@ -206,7 +206,7 @@ def test_local_backend_trains_with_vllm_sampling(tmp_path: Path) -> None:
         assert "v/agent@0" in backend.server("tiny-128").engine.adapters()  # the warm-up serves as name@0
         history = trainer.train(SCENARIOS, steps=3, progress=False)
         assert_trained(history, 3)
-        assert all(abs(m["train/ratio_mean"] - 1.0) < 1e-3 for m in history), history
+        assert all(abs(m["train/mismatch/is_weight"] - 1.0) < 1e-3 for m in history), history
         engine = backend.server("tiny-128").engine
         assert isinstance(engine, VLLMEngine)
         assert {"v/agent@2", "v/agent@3"} <= set(engine.adapters())
@@ -227,7 +227,7 @@ def test_local_backend_trains_with_vllm_sampling(tmp_path: Path) -> None:
 
         agent_history = asyncio.run(cell())
         assert_trained(agent_history, 3)
-        assert all(abs(m["train/ratio_mean"] - 1.0) < 1e-3 for m in agent_history), agent_history
+        assert all(abs(m["train/mismatch/is_weight"] - 1.0) < 1e-3 for m in agent_history), agent_history
         assert "v/create-agent@3" in engine.adapters()
         wide = art.TrainableModel(name="wide", project="v", base_model="tiny-128").register(backend)
         with pytest.raises(ConfigError, match=r"engine_options=\{'max_lora_rank': 16\}"):  # before any rollout

@@ -116,7 +116,7 @@ def test_training_steps_share_the_gpu_with_vllm_asleep(tmp_path: Path) -> None:
         print(calls)
         assert_trained(history, 3)
         assert [c for c in calls if c in ("sleep", "awake")] == ["sleep", "awake"] * 3
-        assert all(abs(m["train/ratio_mean"] - 1.0) < 0.05 for m in history), history
+        assert all(abs(m["train/mismatch/is_weight"] - 1.0) < 0.05 for m in history), history
         assert {"gpu/agent@2", "gpu/agent@3"} <= set(engine.adapters())
 
 

@@ -12,8 +12,10 @@ that are trained on and 0 elsewhere (prompt, tool results, padding, untrainable 
   ``-sg(min(r, 1 + epsilon_high)) * A * logp``, normalised like ``bnpo``.
 - ``"gspo"``: one importance ratio per sequence, the geometric mean of its token ratios, clipped (Qwen GSPO).
 
-The importance ratio is against the sampler's logprobs (the ones returned with each token), so drift between the
-inference engine and the trainer is corrected as well as policy change within a step.
+The importance ratio is against ``old_logprobs``: the sampler's (the ones returned with each token), whose drift
+from the trainer the clip then absorbs as if it were policy change; or, under a mismatch correction
+(``train/mismatch.py``), the trainer's own before the step's update, with each token's term weighted by its
+bounded importance weight (``weights``).
 
 Tokens sampled under a grammar (structured output, forced tool calls) were drawn from the policy renormalised over
 the tokens the grammar allowed. ``GrammarMasks`` says where and what; with it the logprobs are taken under the same
@@ -70,11 +72,14 @@ def policy_loss(
     beta: float = 0.0,
     ref_logprobs: torch.Tensor | None = None,
     max_tokens: int | None = None,
+    weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LossStats]:
     """The loss to minimise for one micro-batch.
 
-    logprobs: [B, T] under the current policy (with grad); old_logprobs: [B, T] from the sampler; advantages:
-    [B, T] (per token, so different nodes of one run can carry different credit) or [B]; mask: [B, T] float.
+    logprobs: [B, T] under the current policy (with grad); old_logprobs: [B, T], the policy the ratio is taken
+    against (the sampler's, or the trainer's own before the step's update under a mismatch correction);
+    advantages: [B, T] (per token, so different nodes of one run can carry different credit) or [B]; mask: [B, T]
+    float; weights: [B, T] detached importance weights of each token's policy term (``train/mismatch.py``), or None.
     """
     mask = mask.to(logprobs.dtype)
     if advantages.dim() == 1:
@@ -92,6 +97,8 @@ def policy_loss(
         per_token = -torch.clamp(ratio, max=1 + high).detach() * advantages * logprobs  # [B, T]
     else:
         per_token = -torch.minimum(ratio * advantages, clipped * advantages)  # [B, T]
+    if weights is not None:  # the sampler's draw re-weighted to the trainer's policy; the KL term is not
+        per_token = per_token * weights
     kl = kl_k3(logprobs, ref_logprobs) if ref_logprobs is not None else torch.zeros_like(logprobs)
     if beta:
         per_token = per_token + beta * kl

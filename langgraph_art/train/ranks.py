@@ -120,6 +120,16 @@ class RankGroup:
         dist.all_reduce(total)
         return [float(v) for v in total]
 
+    def max_values(self, values: Sequence[float]) -> list[float]:
+        """The largest of each of ``values`` over the ranks."""
+        if self.world_size == 1:
+            return list(values)
+        import torch.distributed as dist
+
+        top = torch.tensor(list(values), dtype=torch.float64, device=collective_device())
+        dist.all_reduce(top, op=dist.ReduceOp.MAX)
+        return [float(v) for v in top]
+
     def broadcast(self, value: Any = None) -> Any:
         """Rank 0's ``value`` on every rank (pickled)."""
         if self.world_size == 1:

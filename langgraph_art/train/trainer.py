@@ -7,9 +7,10 @@ first pass (a later pass restores what the earlier ones changed), and no checkpo
 
 Shortcuts, named: micro-batches group sequences of similar length (sorted) rather than packing several
 sequences into one row, which would need block-diagonal attention masks the CPU attention path does not take.
-With ``num_iterations=1`` (the default) a step is one optimizer update over all its sequences and the importance
-ratio corrects sampler/trainer drift; with more, each pass is one update over the same runs (TRL's mu, PPO epochs)
-and the clip keeps the policy near the one that sampled.
+With ``num_iterations=1`` (the default) a step is one optimizer update over all its sequences; with more, each pass
+is one update over the same runs (TRL's mu, PPO epochs) and the clip keeps the policy near the one that sampled. The
+first pass's logprobs, before the update, are the PPO ratio's reference; their gap to the sampler's is measured and,
+by default, corrected with truncated importance weights (``train/mismatch.py``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from langgraph_art.train.batches import (
 from langgraph_art.train.constrained import batch_grammar_masks, grammar_mass, replay_grammars
 from langgraph_art.train.forward import PolicyForward
 from langgraph_art.train.loss import GrammarMasks, policy_loss
+from langgraph_art.train.mismatch import MISMATCH_SUMS, Mismatch, importance_weights, mismatch_metrics
 from langgraph_art.train.protocol import SFTExample
 from langgraph_art.train.ranks import RankGroup
 from langgraph_art.train.tokenize import TokenizeReport, TrainSequence, build_sequences
@@ -207,13 +209,18 @@ class GRPOTrainer:
         keys = ["loss", "entropy", "kl", "clip_fraction", "ratio_mean", "sampler_logprob_gap"]
         keys += ["grammar/tokens", "grammar/mass"]  # summed: trained tokens under a grammar, the policy's mass inside
         sums, last = dict.fromkeys(keys, 0.0), dict.fromkeys(keys, 0.0)
+        # each micro-batch's trainer logprobs before the update and its importance weights, from the first pass
+        before: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
+        mismatches: list[Mismatch] = []
         norms: list[float] = []
         # num_iterations (TRL's, GRPO's mu) passes over the same runs, one update each: from the second pass on the
         # ratio to the sampler's logprobs moves away from 1 and the clip keeps the policy near the one that sampled
         with self._all_or_nothing(cfg.num_iterations > 1):  # an abort in pass 2 undoes pass 1's update
             for iteration in range(cfg.num_iterations):
                 self.optimizer.zero_grad(set_to_none=True)
-                aborted = self._accumulate(batches, sequences, total_tokens, sums if iteration == 0 else last)
+                aborted = self._accumulate(
+                    batches, sequences, total_tokens, sums if iteration == 0 else last, before, mismatches
+                )
                 # the ranks' gradients summed: each micro-batch's loss is weighted by the step's global counts
                 (failed,) = self.ranks.sum_gradients(self._params, [float(aborted is not None)])
                 if failed:
@@ -235,11 +242,14 @@ class GRPOTrainer:
         self.step_count += 1
         if self._trims_heap:
             trim_heap()
-        totals = self.ranks.sum_values([*sums.values(), *last.values()])  # each rank summed its micro-batches'
+        mine = [sum(getattr(m, f) for m in mismatches) for f in MISMATCH_SUMS]
+        totals = self.ranks.sum_values([*sums.values(), *last.values(), *mine])  # each rank summed its own
         sums, last = (
             dict(zip(keys, totals[: len(keys)], strict=True)),
-            dict(zip(keys, totals[len(keys) :], strict=True)),
+            dict(zip(keys, totals[len(keys) : 2 * len(keys)], strict=True)),
         )
+        mismatch = dict(zip(MISMATCH_SUMS, totals[2 * len(keys) :], strict=True))
+        (abs_max,) = self.ranks.max_values([max((m.abs_max for m in mismatches), default=0.0)])
         seconds = time.perf_counter() - started
         constrained, mass = sums.pop("grammar/tokens"), sums.pop("grammar/mass")
         metrics = {
@@ -257,6 +267,7 @@ class GRPOTrainer:
             "train/tokens_per_s": total_tokens / seconds,
             "train/seconds": seconds,
             "train/truncated_tokens": float(report.truncated_tokens),
+            **mismatch_metrics(mismatch, abs_max, cfg.importance_sampling_correction != "none"),
         }
         metrics.update({f"train/skipped/{k}": float(v) for k, v in report.skipped.items()})
         if constrained:  # structured output: how much of the policy's probability its grammars kept (1: all)
@@ -267,30 +278,43 @@ class GRPOTrainer:
 
     def _accumulate(
         self, batches: list[list[TrainSequence]], sequences: list[TrainSequence], total_tokens: int,
-        sums: dict[str, float],
+        sums: dict[str, float], before: dict[int, tuple[torch.Tensor, torch.Tensor | None]],
+        mismatches: list[Mismatch],
     ) -> TrainingAborted | None:  # fmt: skip
         """Forward and backward of this rank's micro-batches (gradients accumulate); a non-finite loss stops it and
-        is returned, to be raised once every rank knows (``ranks.sum_gradients``)."""
+        is returned, to be raised once every rank knows (``ranks.sum_gradients``). ``before``: each micro-batch's
+        trainer logprobs before the step's update and importance weights, filled by the first pass (with its
+        ``mismatches``) and read by the later ones."""
         with self._training():
-            for batch in batches:
+            for index, batch in enumerate(batches):
                 try:
-                    self._backward(batch, sequences, total_tokens, sums)
+                    self._backward(batch, sequences, total_tokens, sums, before, index, mismatches)
                 except TrainingAborted as exc:
                     return exc
         return None
 
     def _backward(
-        self, batch: list[TrainSequence], sequences: list[TrainSequence], total_tokens: int, sums: dict[str, float]
-    ) -> None:
+        self, batch: list[TrainSequence], sequences: list[TrainSequence], total_tokens: int, sums: dict[str, float],
+        before: dict[int, tuple[torch.Tensor, torch.Tensor | None]], index: int, mismatches: list[Mismatch],
+    ) -> None:  # fmt: skip
         """One micro-batch: forward, loss, backward (gradients accumulate); its metrics added to ``sums``."""
         cfg = self.config
-        ids, mask, old, adv, temp = batch_tensors(batch, self.tokenizer.pad_token_id, self.device)
+        ids, mask, sampler, adv, temp = batch_tensors(batch, self.tokenizer.pad_token_id, self.device)
         first = first_trained_position(batch)  # nothing before it is trained: no logits needed there
-        targets, mask, old, adv = ids[:, first:], mask[:, first:], old[:, first:], adv[:, first:]
+        targets, mask, sampler, adv = ids[:, first:], mask[:, first:], sampler[:, first:], adv[:, first:]
         masks = batch_grammar_masks(batch, first, self.device)  # where a grammar constrained the sampler
         trained = mask.bool()
         logprobs, token_entropy, log_mass = self._token_logprobs(ids, first, targets, temp, masks, trained=trained)
         ref = self._reference_logprobs(ids, first, targets, temp, masks, trained) if cfg.beta else None
+        if index not in before:  # the first pass: the trainer's logprobs are the policy's before this step's update
+            weights, mismatch = importance_weights(
+                logprobs.detach(), sampler, mask, cfg.importance_sampling_correction, cfg.importance_sampling_cap
+            )
+            before[index] = (logprobs.detach(), weights)
+            mismatches.append(mismatch)
+        own, weights = before[index]
+        # under a correction the ratio is to the trainer's own policy and the weights carry the sampler's drift
+        old = own if cfg.importance_sampling_correction != "none" else sampler
         loss, stats = policy_loss(
             logprobs,
             old,
@@ -302,6 +326,7 @@ class GRPOTrainer:
             beta=cfg.beta,
             ref_logprobs=ref,
             max_tokens=cfg.max_length,
+            weights=weights,
         )
         weight = batch_weight(cfg.loss_type, batch, sequences, stats.tokens, total_tokens)
         if not torch.isfinite(loss):
@@ -319,7 +344,7 @@ class GRPOTrainer:
             ("ratio_mean", stats.ratio_mean),
             # the trainer's logprob of each sampled token against the sampler's, before this step's update:
             # the numeric mismatch (bf16, kernels) the importance ratio absorbs
-            ("sampler_logprob_gap", mean_gap(logprobs, old, mask)),
+            ("sampler_logprob_gap", mean_gap(logprobs, sampler, mask)),
         ):
             sums[key] += value * share
         if masks is not None:  # the policy's probability inside the grammar's mask, on the trained tokens under one
