@@ -1,16 +1,14 @@
 """langgraph-art: reinforcement learning for existing LangGraph agents.
 
 The names here are the workflow: capture runs of your graph (``ChatART``, ``rollout``), say what a good run is
-(``reward``, ``RulerJudge``), train (``Trainer``, ``GRPOConfig``, a backend, ``RayRollouts`` for rollouts on Ray),
-evaluate; the data they pass (``Trajectory``, ``TrajectoryGroup``, ``TrajectoryStore``); the extension points
-(``Backend``, ``Sink``, ``RewardSource``); and the errors a caller handles. The parts of a trajectory are in
-``langgraph_art.types``, every error in ``langgraph_art.errors``, the inference service (engines, the app, the
-embedded server) in ``langgraph_art.serve``, the offline tiny models in ``langgraph_art.models.tiny``
-(``tiny_model()``), and what the tests share (a weather tool and its adapter, small graphs, ``FakeBackend``) in
-``langgraph_art.testing``.
-
-``import langgraph_art`` stays light (no torch, transformers, peft, vllm, fastapi or langfuse): the heavy parts load
-on first use of the names below.
+(``reward``, ``RulerJudge``), train (``Trainer``, ``GRPOConfig``, a backend, ``RayRollouts`` for rollouts on Ray,
+``Teacher`` for distillation), evaluate; the data they pass (``Trajectory``, ``TrajectoryGroup``,
+``TrajectoryStore``); the extension points (``Backend``, ``Sink``, ``RewardSource``); and the errors a caller
+handles. The parts of a trajectory are in ``langgraph_art.types``, every error in ``langgraph_art.errors``, the
+inference service (engines, the app, the embedded server) in ``langgraph_art.serve``, the offline tiny models in
+``langgraph_art.models.tiny`` (``tiny_model()``), and what the tests share (a weather tool and its adapter, small
+graphs, ``FakeBackend``) in ``langgraph_art.testing``. ``import langgraph_art`` stays light (no torch, transformers,
+peft, vllm, fastapi or langfuse): the heavy parts load on first use of the names below.
 """
 
 from __future__ import annotations
@@ -59,6 +57,7 @@ _LAZY = {
     "RemoteBackend": "langgraph_art.backends.remote",
     "Backend": "langgraph_art.backends.base",
     "Sink": "langgraph_art.sinks",
+    "Teacher": "langgraph_art.teacher",
     "evaluate": "langgraph_art.evaluation",
     "aevaluate": "langgraph_art.evaluation",
     # data
@@ -85,6 +84,7 @@ if TYPE_CHECKING:
     from langgraph_art.rollouts import RayRollouts
     from langgraph_art.sinks import Sink
     from langgraph_art.store import TrajectoryStore
+    from langgraph_art.teacher import Teacher
     from langgraph_art.types import Trajectory, TrajectoryGroup
 
 
@@ -119,6 +119,7 @@ __all__ = [
     "Score",
     "ServiceBusyError",
     "Sink",
+    "Teacher",
     "TrainableModel",
     "Trainer",
     "TrainingAborted",

@@ -180,6 +180,19 @@ class GRPOConfig(BaseModel):
         "threshold (train/mismatch/beyond_cap).",
     )
 
+    teacher_model: Literal["base", "policy"] | None = Field(
+        default=None,
+        description="On-policy distillation: a teacher scores every sampled token and the reverse KL to it is a "
+        "per-token advantage (docs/guides/distillation.md). base: the base model (the LoRA off); policy: the policy "
+        "itself (self-distillation, useful with a privileged prompt: Trainer(teacher=art.Teacher(prompt=...))); "
+        "None: no teacher.",
+    )
+    teacher_kl_coef: float = Field(
+        default=1.0,
+        description="Weight of the teacher's per-token advantage, (teacher - sampler) logprob, added to the reward's "
+        "group advantage (>= 0; 0 with a teacher: its metrics only).",
+    )
+
     @model_validator(mode="after")
     def _check(self) -> GRPOConfig:
         problems = []
@@ -227,6 +240,10 @@ class GRPOConfig(BaseModel):
             problems.append(
                 f"importance_sampling_cap={self.importance_sampling_cap}: the importance weights' bound must be > 1 "
                 "(e.g. 2.0); to turn the correction off, use importance_sampling_correction='none'"
+            )
+        if not (self.teacher_kl_coef >= 0 and self.teacher_kl_coef < float("inf")):
+            problems.append(
+                f"teacher_kl_coef={self.teacher_kl_coef}: the teacher's weight must be a finite value >= 0 (e.g. 1.0)"
             )
         if problems:
             raise ConfigError("invalid GRPOConfig: " + "; ".join(problems))

@@ -53,6 +53,7 @@ from langgraph_art.rollouts.protocol import Rollouts
 from langgraph_art.runlog import append_record, plot_rewards
 from langgraph_art.sinks import make_sinks
 from langgraph_art.sync import run_sync
+from langgraph_art.teacher import Teacher, show_teacher
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,8 @@ class Trainer:
         resume: For graphs that call ``interrupt()``: ``resume(interrupts, state)`` gives the value each
             interrupted run (and continuation) is resumed with, ``Command(resume=value)``; None: such a run ends
             ``interrupted`` and is scored as it stands. Needs a checkpointer (or ``branching``).
+        teacher: ``art.Teacher(...)``: on-policy distillation, a teacher's logprobs of each sampled token as a
+            per-token advantage beside the reward's (``teacher.py``, docs/guides/distillation.md).
 
     Raises:
         ConfigError: A setting that cannot work, with what to change.
@@ -144,6 +147,7 @@ class Trainer:
         rollouts: Rollouts | None = None,
         branching: Branching | None = None,
         resume: Callable[[Any, Any], Any] | None = None,
+        teacher: Teacher | None = None,
     ) -> None:
         """See the class docstring for the arguments."""
         if (
@@ -174,7 +178,8 @@ class Trainer:
                 "art.RemoteBackend(url), or a backend with every method of langgraph_art.Backend"
             )
         self.graph, self.model, self.rewards = graph, model, list(rewards)
-        self.config = _with_generations(config or GRPOConfig(), num_generations)
+        self.config = _with_teacher(_with_generations(config or GRPOConfig(), num_generations), teacher)
+        self.teacher = teacher
         self.scenarios_per_step, self.max_concurrency = scenarios_per_step, max_concurrency
         self.max_steps_off_policy = max_steps_off_policy
         self.rollouts = rollouts
@@ -409,6 +414,8 @@ class Trainer:
         branch_report = await ascore_groups(branches, self.rewards) if branches else None
         branch_mean = branch_report.metrics.get("reward/total", float("nan")) if branch_report else float("nan")
         trained_on = await asyncio.to_thread(self.backend.current_step, self.model)
+        if self.teacher is not None and self.teacher.prompt is not None:
+            show_teacher(trained, self.teacher.prompt)  # what the teacher sees of each call, kept with the run
         try:
             result = await asyncio.to_thread(self.backend.train_step, self.model, trained, self.config)
             for t in (t for g in groups for t in g.trajectories if t.id in result.advantages):
@@ -477,6 +484,20 @@ def engine_metrics(before: Mapping[str, float], after: Mapping[str, float]) -> d
     if "prefix_cache_bytes" in after:
         metrics["engine/prefix_cache_bytes"] = float(after["prefix_cache_bytes"])
     return metrics
+
+
+def _with_teacher(config: GRPOConfig, teacher: Teacher | None) -> GRPOConfig:
+    """``config`` with ``teacher``'s model and weight (a config that names another teacher is an error)."""
+    if teacher is None:
+        return config
+    if not isinstance(teacher, Teacher):
+        raise ConfigError(f"teacher must be art.Teacher(...) or None, got {type(teacher).__name__}")
+    if config.teacher_model not in (None, teacher.model):
+        raise ConfigError(
+            f"GRPOConfig(teacher_model={config.teacher_model!r}) and Teacher(model={teacher.model!r}) differ: "
+            "name the teacher in one place"
+        )
+    return config.model_copy(update={"teacher_model": teacher.model, "teacher_kl_coef": teacher.kl_coef})
 
 
 def _check_eval(scenarios: Any, every: Any, generations: Any, rewards: Any) -> None:

@@ -68,6 +68,8 @@ class Turn(BaseModel):
     ``grammar``: the llguidance grammar the server sampled under (structured output, a forced tool call), None for
     free text; the trainer recomputes the logprobs under the same mask. ``closing_tokens``: the last that many
     ``token_ids`` were chosen by the server to complete a structure ``max_tokens`` cut short (never trained on).
+    ``teacher_messages``: what a teacher sees in place of ``messages`` when it scores this turn's tokens (a
+    privileged prompt, ``Teacher(prompt=...)``); None: the turn's own prompt.
     """
 
     id: str
@@ -95,6 +97,7 @@ class Turn(BaseModel):
     source: Literal["chat_art", "other"] = "chat_art"
     attribution: Literal["callback", "metadata", "time"] = "callback"
     error: str | None = None
+    teacher_messages: list[dict[str, Any]] | None = None
 
     @property
     def has_tokens(self) -> bool:

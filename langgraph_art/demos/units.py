@@ -22,6 +22,7 @@ import os
 import random
 import statistics
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -121,12 +122,15 @@ def run_demo(
     home: str | Path = ".art",
     engine: str = "hf",
     threads: int | None = None,
+    max_steps_off_policy: int = 0,
+    config: Mapping[str, Any] | None = None,
     echo: Any = print,
 ) -> dict[str, Any]:
     """Train, evaluate before and after, print the curve and one held-out question before and after. ``threads``:
     torch's (default ``OMP_NUM_THREADS`` where set, else every core: one process does all the work). The
     hyper-parameters (``learning_rate`` ... ``per_device_train_batch_size``) are the library's defaults when None,
-    ``max_tokens`` ``MAX_TOKENS``; ``benchmarks/defaults.py`` varies them."""
+    ``max_tokens`` ``MAX_TOKENS``; ``benchmarks/defaults.py`` varies them. ``config``: further ``GRPOConfig`` fields
+    and ``max_steps_off_policy`` the ``Trainer``'s (``benchmarks/sampler_mismatch.py`` varies them)."""
     import torch
 
     started = time.perf_counter()
@@ -145,15 +149,16 @@ def run_demo(
             "learning_rate": learning_rate,
             "per_device_train_batch_size": per_device_train_batch_size,
         }
-        config = art.GRPOConfig(seed=seed, **{k: v for k, v in tuned.items() if v is not None})
+        grpo = art.GRPOConfig(seed=seed, **{k: v for k, v in tuned.items() if v is not None}, **(config or {}))
         per_step: dict[str, Any] = {} if scenarios_per_step is None else {"scenarios_per_step": scenarios_per_step}
         trainer = art.Trainer(
             build_agent(llm),
             model,
             rewards=[right_arguments],
             num_generations=num_generations,
-            config=config,
+            config=grpo,
             eval_scenarios=held_out,
+            max_steps_off_policy=max_steps_off_policy,
             max_concurrency=len(held_out),  # the 40 evaluation runs as one batch: twice as fast as 5 batches of 8
             **per_step,
         )
@@ -180,8 +185,8 @@ def run_demo(
             echo(render_transcript(shown[1]))
         echo(f"\nreward curve: {trainer.run_dir / 'reward_curve.png'}\nmetrics: {trainer.run_dir / 'metrics.jsonl'}")
         seconds = time.perf_counter() - started
-        settings = {"learning_rate": config.learning_rate, "temperature": llm.temperature, "max_tokens": llm.max_tokens,
-                    "per_device_train_batch_size": config.per_device_train_batch_size,
+        settings = {"learning_rate": grpo.learning_rate, "temperature": llm.temperature, "max_tokens": llm.max_tokens,
+                    "per_device_train_batch_size": grpo.per_device_train_batch_size,
                     "num_generations": trainer.config.num_generations,
                     "scenarios_per_step": trainer.scenarios_per_step, "steps": steps}  # fmt: skip
         echo(f"served now as {model.served_name!r} (= {ModelRef(model.served_name, backend.current_step(model))}); "
@@ -194,6 +199,7 @@ def run_demo(
             "settings": settings,
             "png": trainer.run_dir / "reward_curve.png",
             "seconds": seconds,
+            "history": history,
         }
 
 

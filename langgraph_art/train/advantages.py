@@ -40,7 +40,11 @@ class Advantages:
             self.skipped[reason] = self.skipped.get(reason, 0) + count
 
 
-def group_advantages(groups: Sequence[TrajectoryGroup], scale_rewards: ScaleRewards = "group") -> Advantages:
+def group_advantages(
+    groups: Sequence[TrajectoryGroup], scale_rewards: ScaleRewards = "group", keep_uniform: bool = False
+) -> Advantages:
+    """``keep_uniform``: a group whose rewards are all equal gets advantages of 0 instead of being skipped (a
+    teacher's per-token advantage still has something to teach there)."""
     out = Advantages()
     scored: list[tuple[list[str], list[float]]] = []
     for group in groups:
@@ -52,7 +56,10 @@ def group_advantages(groups: Sequence[TrajectoryGroup], scale_rewards: ScaleRewa
             continue
         rewards = [float(t.reward) for t in runs]  # type: ignore[arg-type]
         if max(rewards) - min(rewards) < 1e-9:
-            out.skip("group with all-equal rewards", len(runs))
+            if keep_uniform:
+                out.by_trajectory.update(dict.fromkeys((t.id for t in runs), 0.0))
+            else:
+                out.skip("group with all-equal rewards", len(runs))
             continue
         scored.append(([t.id for t in runs], rewards))
         _node_advantages(group, scale_rewards, out)

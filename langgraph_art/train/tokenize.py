@@ -16,11 +16,12 @@ close a structure (``Turn.closing_tokens``) stay in the sequence as context but 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from langgraph_art.train.advantages import Advantages
+from langgraph_art.train.distillation import reverse_kl_advantages
 from langgraph_art.types import Trajectory, Turn
 
 log = logging.getLogger(__name__)
@@ -77,8 +78,12 @@ def build_sequences(
     nodes: Iterable[str] | None = None,
     max_length: int = 4096,
     report: TokenizeReport | None = None,
+    teacher: Mapping[str, list[float]] | None = None,
+    teacher_kl_coef: float = 0.0,
 ) -> list[TrainSequence]:
-    """Sequences of every trajectory that has an advantage; ``nodes`` limits training to those nodes' turns."""
+    """Sequences of every trajectory that has an advantage; ``nodes`` limits training to those nodes' turns.
+    ``teacher``: a teacher's logprobs of each turn's sampled tokens, by turn id; a token's advantage then adds
+    ``teacher_kl_coef * (teacher - sampler)`` logprob (``train/distillation.py``)."""
     report = report if report is not None else TokenizeReport()
     wanted = list(nodes) if nodes is not None else None
     sequences: list[TrainSequence] = []
@@ -112,7 +117,13 @@ def build_sequences(
             target.input_ids += context + turn.token_ids
             target.mask += [0] * len(context) + [1] * sampled + [0] * (len(turn.token_ids) - sampled)
             target.old_logprobs += [0.0] * len(context) + list(turn.logprobs)
-            target.advantages += [0.0] * len(context) + [advantage] * len(turn.token_ids)
+            scored = teacher.get(turn.id) if teacher is not None else None
+            per_token = (
+                reverse_kl_advantages(advantage, turn.logprobs, scored, teacher_kl_coef)
+                if scored is not None
+                else [advantage] * len(turn.token_ids)
+            )
+            target.advantages += [0.0] * len(context) + per_token
             target.turns += 1
         for sequence in open_sequences:
             if len(sequence) > max_length:
@@ -129,3 +140,33 @@ def build_sequences(
             if sum(sequence.mask) > 0:
                 sequences.append(sequence)
     return sequences
+
+
+def teacher_sequences(
+    trajectories: Iterable[Trajectory], tokenizer: Any, *, nodes: Iterable[str] | None = None
+) -> list[tuple[Turn, TrainSequence]]:
+    """What a teacher scores: each trainable turn's sampled tokens after the teacher's prompt (the turn's
+    ``teacher_messages`` rendered with the chat template and the turn's tools, else the turn's own prompt ids),
+    one sequence per turn, its sampled tokens masked in; a turn sampled under a grammar keeps it, so the teacher's
+    logprobs are taken under the same mask as the student's."""
+    wanted = list(nodes) if nodes is not None else None
+    out = []
+    for trajectory in trajectories:
+        for turn in trajectory.trainable_turns(wanted):
+            if turn.teacher_messages is not None:
+                rendered = tokenizer.apply_chat_template(
+                    turn.teacher_messages, tools=turn.tools or None, add_generation_prompt=True, tokenize=True,
+                    return_dict=False,
+                )  # fmt: skip
+                prompt = [int(i) for i in rendered]
+            else:
+                prompt = _prompt_ids(turn, tokenizer)
+            n = len(turn.token_ids)
+            sequence = TrainSequence(
+                prompt + list(turn.token_ids), [0] * len(prompt) + [1] * n, [0.0] * (len(prompt) + n),
+                [0.0] * (len(prompt) + n), _sampling_temperature(turn), trajectory.id,
+            )  # fmt: skip
+            if turn.grammar is not None:
+                sequence.grammars.append((len(prompt), n, turn.grammar))
+            out.append((turn, sequence))
+    return out

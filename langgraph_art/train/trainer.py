@@ -40,7 +40,7 @@ from langgraph_art.models.loading import (
 )
 from langgraph_art.models.lora import HookedLora, SharedBase
 from langgraph_art.train import checkpoint
-from langgraph_art.train.advantages import group_advantages
+from langgraph_art.train.advantages import Advantages, group_advantages
 from langgraph_art.train.batches import (
     batch_tensors,
     batch_weight,
@@ -49,13 +49,14 @@ from langgraph_art.train.batches import (
     micro_batches,
 )
 from langgraph_art.train.constrained import batch_grammar_masks, grammar_mass, replay_grammars
+from langgraph_art.train.distillation import teacher_metrics
 from langgraph_art.train.forward import PolicyForward
 from langgraph_art.train.loss import GrammarMasks, policy_loss
 from langgraph_art.train.mismatch import MISMATCH_SUMS, Mismatch, importance_weights, mismatch_metrics
 from langgraph_art.train.protocol import SFTExample
 from langgraph_art.train.ranks import RankGroup
-from langgraph_art.train.tokenize import TokenizeReport, TrainSequence, build_sequences
-from langgraph_art.types import StepResult, TrajectoryGroup
+from langgraph_art.train.tokenize import TokenizeReport, TrainSequence, build_sequences, teacher_sequences
+from langgraph_art.types import StepResult, Trajectory, TrajectoryGroup
 
 log = logging.getLogger(__name__)
 
@@ -185,12 +186,15 @@ class GRPOTrainer:
     def step(self, groups: Sequence[TrajectoryGroup]) -> StepResult:
         started = time.perf_counter()
         cfg = self.config
-        advantages = group_advantages(groups, cfg.scale_rewards)
+        # with a teacher, a group whose runs all scored the same still learns from it, token by token
+        advantages = group_advantages(groups, cfg.scale_rewards, keep_uniform=cfg.teacher_model is not None)
         report = TokenizeReport(skipped=dict(advantages.skipped))
         runs = [t for g in groups for t in g.completed()]
+        teacher, teacher_stats = self._teach(runs, advantages) if cfg.teacher_model is not None else (None, {})
         sequences = build_sequences(
-            runs, advantages, self.tokenizer, nodes=cfg.trainable_nodes, max_length=cfg.max_length, report=report
-        )
+            runs, advantages, self.tokenizer, nodes=cfg.trainable_nodes, max_length=cfg.max_length, report=report,
+            teacher=teacher, teacher_kl_coef=cfg.teacher_kl_coef,
+        )  # fmt: skip
         mismatched, forced = (
             replay_grammars(sequences, self.grammars()) if any(s.grammars for s in sequences) else (0, 0)
         )
@@ -268,6 +272,7 @@ class GRPOTrainer:
             "train/seconds": seconds,
             "train/truncated_tokens": float(report.truncated_tokens),
             **mismatch_metrics(mismatch, abs_max, cfg.importance_sampling_correction != "none"),
+            **teacher_stats,
         }
         metrics.update({f"train/skipped/{k}": float(v) for k, v in report.skipped.items()})
         if constrained:  # structured output: how much of the policy's probability its grammars kept (1: all)
@@ -275,6 +280,44 @@ class GRPOTrainer:
             metrics["train/grammar/mismatched_turns"] = float(mismatched)
             metrics["train/grammar/forced_tokens"] = float(forced)  # fed by jump-forward: context, not trained
         return StepResult(self.step_count, True, metrics, report.skipped, advantages=dict(advantages.by_trajectory))
+
+    @torch.no_grad()
+    def _teach(self, runs: Sequence[Trajectory], advantages: Advantages) -> tuple[dict[str, list[float]], dict]:
+        """The teacher's logprobs of each trainable turn's sampled tokens (by turn id), in the teacher's context
+        (``tokenize.teacher_sequences``), from one no-grad forward per micro-batch with the base model
+        (``teacher_model="base"``: the LoRA off) or the policy as it is before this step's update (``"policy"``);
+        and the step's ``train/teacher/*`` metrics (``train/distillation.py``)."""
+        cfg = self.config
+        started = time.perf_counter()
+        scored = [r for r in runs if r.id in advantages.by_trajectory]
+        pairs = teacher_sequences(scored, self.tokenizer, nodes=cfg.trainable_nodes)
+        sequences = [sequence for _, sequence in pairs]
+        if any(s.grammars for s in sequences):
+            replay_grammars(sequences, self.grammars())
+        where = {id(sequence): (turn, len(sequence) - len(turn.token_ids)) for turn, sequence in pairs}
+        out: dict[str, list[float]] = {}
+        with self._lora.active(None) if cfg.teacher_model == "base" else self.adapter():
+            for batch in micro_batches(sequences, cfg.per_device_train_batch_size):
+                ids, mask, _, _, temp = batch_tensors(batch, self.tokenizer.pad_token_id, self.device)
+                first = first_trained_position(batch)
+                masks = batch_grammar_masks(batch, first, self.device)
+                trained = mask[:, first:].bool()  # the LM head runs on these positions only
+                logprobs = self._token_logprobs(ids, first, ids[:, first:], temp, masks, trained=trained)[0]
+                logprobs = logprobs.float().cpu()
+                for row, sequence in enumerate(batch):
+                    turn, start = where[id(sequence)]
+                    out[turn.id] = logprobs[row, start - first : start - first + len(turn.token_ids)].tolist()
+        sampler, teacher, reward = [], [], []
+        for run in scored:  # the trained tokens: the turn's sampled ones less those closing a structure
+            span_of = {turn.id: span.id for span in run.spans for turn in span.turns}
+            for turn in (t for t in run.trainable_turns(cfg.trainable_nodes) if t.id in out):
+                n = len(turn.token_ids) - min(turn.closing_tokens, len(turn.token_ids))
+                sampler += turn.logprobs[:n]
+                teacher += out[turn.id][:n]
+                advantage = advantages.by_span.get(span_of.get(turn.id, ""), advantages.by_trajectory[run.id])
+                reward += [advantage] * n
+        seconds = time.perf_counter() - started
+        return out, teacher_metrics(sampler, teacher, reward, cfg.teacher_kl_coef, seconds)
 
     def _accumulate(
         self, batches: list[list[TrainSequence]], sequences: list[TrainSequence], total_tokens: int,

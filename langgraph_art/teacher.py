@@ -1,0 +1,73 @@
+"""``Teacher``: on-policy distillation for ``Trainer`` — a teacher scores every token the policy sampled, and the
+reverse KL to it is a per-token advantage beside the reward's (``train/distillation.py``; the guide:
+docs/guides/distillation.md).
+
+The teacher is a model the trainer holds (``GRPOConfig.teacher_model``): the base model (the LoRA off) or the policy
+itself before the step's update. Either is a better policy than the student when it is shown what the student is
+not: ``prompt(scenario, messages)`` rewrites the messages the teacher sees for each of a run's calls (the reference
+answer, the relevant document, a hint from feedback): self-distillation with privileged information. The rewritten
+messages are kept on each turn (``Turn.teacher_messages``) and stored with the run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from langgraph_art.errors import ConfigError
+from langgraph_art.types import TrajectoryGroup
+
+PrivilegedPrompt = Callable[[Mapping[str, Any], list[dict[str, Any]]], list[dict[str, Any]]]
+
+
+@dataclass(frozen=True)
+class Teacher:
+    """Args:
+    model: ``"base"``: the base model, the LoRA off; ``"policy"``: the policy as it is before each update
+        (self-distillation: worth it with a ``prompt`` that shows it more than the student sees).
+    prompt: ``prompt(scenario, messages) -> messages``: what the teacher sees in place of each call's messages
+        (OpenAI-style dicts, as ``Turn.messages``); None: the call's own prompt.
+    kl_coef: The weight of the teacher's per-token advantage, ``(teacher - sampler)`` logprob, beside the
+        reward's group advantage (``GRPOConfig.teacher_kl_coef``).
+
+    Example:
+        ```python
+        def with_answer(scenario, messages):  # the teacher is told the answer the student must find
+            return [{"role": "system", "content": f"The right answer: {scenario['answer']}"}, *messages]
+
+        trainer = art.Trainer(graph, model, rewards=[right], teacher=art.Teacher(prompt=with_answer))
+        ```
+    """
+
+    model: Literal["base", "policy"] = "base"
+    prompt: PrivilegedPrompt | None = None
+    kl_coef: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.model not in ("base", "policy"):
+            raise ConfigError(
+                f"Teacher(model={self.model!r}): use 'base' (the base model, the LoRA off) or 'policy' (the policy "
+                "itself, with a privileged prompt)"
+            )
+        if self.prompt is not None and not callable(self.prompt):
+            raise ConfigError(
+                f"Teacher(prompt=...) must be a function (scenario, messages) -> messages, got "
+                f"{type(self.prompt).__name__}"
+            )
+
+
+def show_teacher(groups: Sequence[TrajectoryGroup], prompt: PrivilegedPrompt) -> None:
+    """Set ``teacher_messages`` on every trainable turn of the groups' runs: ``prompt(group.scenario, messages)``.
+    A prompt that returns something other than a list of messages is a ConfigError naming what it returned."""
+    for group in groups:
+        scenario = group.scenario if isinstance(group.scenario, Mapping) else {}
+        for run in group.trajectories:
+            for turn in run.trainable_turns():
+                messages = prompt(scenario, [dict(m) for m in turn.messages])
+                if not isinstance(messages, list) or not all(isinstance(m, Mapping) and "role" in m for m in messages):
+                    raise ConfigError(
+                        "Teacher(prompt=...) must return a list of messages ({'role': ..., 'content': ...} dicts); "
+                        f"it returned {messages!r:.200}"
+                    )
+                turn.teacher_messages = [dict(m) for m in messages]

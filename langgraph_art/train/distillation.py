@@ -1,0 +1,48 @@
+"""On-policy distillation: a teacher's logprobs of the student's own sampled tokens as a per-token advantage
+(pure functions, hand-checkable).
+
+The student samples; the teacher scores each sampled token ``o_t`` in its own context (the same prompt, or a
+privileged one that shows what the student is not shown). The per-token reverse KL to the teacher,
+``log pi_student(o_t) - log pi_teacher(o_t)``, estimated on the student's samples, is a cost: each token's advantage
+gets ``coef * (log pi_teacher(o_t) - log pi_student(o_t))`` added to the reward's group advantage (the Tinker
+cookbook's and verl's on-policy distillation recipe, with a discount of 0). ``log pi_student`` is the sampler's
+logprob (the one returned with the token); both are at the turn's sampling temperature. The policy loss then masks
+the tokens it always masks (prompt, tool results, other nodes' turns, tokens a grammar forced, padding), so the
+teacher's term reaches exactly the tokens the reward's does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def reverse_kl_advantages(
+    advantage: float, sampler: Sequence[float], teacher: Sequence[float], coef: float
+) -> list[float]:
+    """Each sampled token's advantage [n]: the run's (or node's) ``advantage`` plus ``coef * (teacher - sampler)``.
+
+    sampler: [n], the sampler's logprobs of the turn's tokens; teacher: [n], the teacher's of the same tokens.
+    """
+    if len(sampler) != len(teacher):
+        raise ValueError(f"the teacher scored {len(teacher)} tokens of a turn of {len(sampler)}")
+    return [advantage + coef * (t - s) for s, t in zip(sampler, teacher, strict=True)]
+
+
+def teacher_metrics(
+    sampler: Sequence[float], teacher: Sequence[float], reward_advantages: Sequence[float], coef: float, seconds: float
+) -> dict[str, float]:
+    """The step's ``train/teacher/*`` metrics over its trained tokens [n]: the reverse KL to the teacher per token
+    (``sampler - teacher``, its mean: a k1 estimate on the student's samples), the teacher's share of the advantage
+    (sum of ``|coef * (teacher - sampler)|`` over that plus the sum of ``|reward advantage|``), and the teacher's
+    seconds."""
+    tokens = max(len(sampler), 1)
+    kl = sum(s - t for s, t in zip(sampler, teacher, strict=True)) / tokens
+    from_teacher = sum(abs(coef * (t - s)) for s, t in zip(sampler, teacher, strict=True))
+    from_reward = sum(abs(a) for a in reward_advantages)
+    total = from_teacher + from_reward
+    return {
+        "train/teacher/kl": kl,
+        "train/teacher/advantage_share": from_teacher / total if total else 0.0,
+        "train/teacher/tokens": float(len(sampler)),
+        "train/teacher/seconds": seconds,
+    }
