@@ -44,6 +44,7 @@ from langgraph_art.capture.branching import (
 )
 from langgraph_art.capture.rollout import agather_groups, check_checkpointer, check_scenarios
 from langgraph_art.config import GRPOConfig
+from langgraph_art.dynamic_sampling import refill
 from langgraph_art.errors import ConfigError, TrainingAborted
 from langgraph_art.evaluation import aevaluate
 from langgraph_art.model import TrainableModel
@@ -113,6 +114,8 @@ class Trainer:
             ``interrupted`` and is scored as it stands. Needs a checkpointer (or ``branching``).
         teacher: ``art.Teacher(...)``: on-policy distillation, a teacher's logprobs of each sampled token as a
             per-token advantage beside the reward's (``teacher.py``, docs/guides/distillation.md).
+        dynamic_sampling: Up to this many further scenarios a step samples in place of groups whose runs all
+            scored the same, which teach GRPO nothing (DAPO's dynamic sampling; ``dynamic_sampling.py``). 0: off.
 
     Raises:
         ConfigError: A setting that cannot work, with what to change.
@@ -148,6 +151,7 @@ class Trainer:
         branching: Branching | None = None,
         resume: Callable[[Any, Any], Any] | None = None,
         teacher: Teacher | None = None,
+        dynamic_sampling: int = 0,
     ) -> None:
         """See the class docstring for the arguments."""
         if (
@@ -160,6 +164,13 @@ class Trainer:
             )
         if not rewards:
             raise ConfigError("Trainer needs at least one reward: rewards=[my_reward_fn, art.RulerJudge(...)]")
+        if isinstance(dynamic_sampling, bool) or not isinstance(dynamic_sampling, int) or dynamic_sampling < 0:
+            raise ConfigError(
+                f"dynamic_sampling must be an int >= 0 (further groups a step may sample; 0: off), got "
+                f"{dynamic_sampling!r}"
+            )
+        if dynamic_sampling and branching is not None:
+            raise ConfigError("dynamic_sampling replaces whole-run groups: use it without branching=...")
         _check_eval(eval_scenarios, eval_every, eval_generations, eval_rewards)
         if rollouts is not None and not callable(getattr(rollouts, "agather", None)):
             raise ConfigError(
@@ -180,6 +191,8 @@ class Trainer:
         self.graph, self.model, self.rewards = graph, model, list(rewards)
         self.config = _with_teacher(_with_generations(config or GRPOConfig(), num_generations), teacher)
         self.teacher = teacher
+        self.dynamic_sampling = dynamic_sampling
+        self._more_scenarios: Callable[[int], list[Mapping[str, Any]]] | None = None  # set by atrain
         self.scenarios_per_step, self.max_concurrency = scenarios_per_step, max_concurrency
         self.max_steps_off_policy = max_steps_off_policy
         self.rollouts = rollouts
@@ -249,6 +262,7 @@ class Trainer:
         for sink in self.sinks:
             await asyncio.to_thread(sink.start, self._run_info(steps))
         cycle = itertools.cycle(scenarios)
+        self._more_scenarios = lambda n: [next(cycle) for _ in range(n)]  # dynamic sampling's further scenarios
         curve = None
         try:
             await self._evaluate()  # the policy before this call's first step (skipped if evaluated already)
@@ -383,6 +397,10 @@ class Trainer:
         metrics = {**metrics, **engine_metrics(engine_before, engine_after)}
         return _Rollout(groups, policy_step, started, wall, time.perf_counter() - started, metrics)
 
+    async def _more_groups(self, scenarios: Sequence[Mapping[str, Any]]) -> list[Any]:
+        """Dynamic sampling's further groups: rollouts of ``scenarios`` with the policy served now."""
+        return list((await self._rollout(scenarios)).groups)
+
     async def _branch(self, groups: list[Any], metadata: Mapping[str, Any]) -> list[Any]:
         """The step's branch groups (``abranch``)."""
         assert self.branching is not None
@@ -411,6 +429,14 @@ class Trainer:
         trained = branches if self.branching and not self.branching.train_whole_runs else groups
         learn_started = time.perf_counter()
         report = await ascore_groups(whole, self.rewards)
+        sampled: Mapping[str, float] = {}
+        if self.dynamic_sampling and self._more_scenarios is not None:  # further groups for the uniform ones
+            more = self._more_scenarios
+            extra, sampled = await refill(
+                whole, lambda n: self._more_groups(more(n)), lambda g: ascore_groups(g, self.rewards),
+                self.dynamic_sampling,
+            )  # fmt: skip
+            groups, trained = [*groups, *extra], [*trained, *extra]
         branch_report = await ascore_groups(branches, self.rewards) if branches else None
         branch_mean = branch_report.metrics.get("reward/total", float("nan")) if branch_report else float("nan")
         trained_on = await asyncio.to_thread(self.backend.current_step, self.model)
@@ -431,6 +457,7 @@ class Trainer:
             **report.summary(groups),  # reward/mean (of the runs' weighted totals), reward/std, runs/failed, ...
             "rollout/sampled_tokens": float(sum(t.sampled_tokens() for g in groups for t in g.trajectories)),
             **(branch_metrics(branches, branch_mean) if self.branching else {}),
+            **sampled,
             "time/rollout_s": rollout.seconds,
             "time/learn_s": time.perf_counter() - learn_started,
             "time/step_s": time.perf_counter() - rollout.started,

@@ -99,6 +99,16 @@ def right_arguments(state, scenario) -> float:
     return sum(call.get(key) == scenario[key] for key in ("value", "from_unit", "to_unit")) / 3
 
 
+def answer_hint(scenario: Mapping[str, Any], messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A privileged prompt for a teacher (``art.Teacher(prompt=answer_hint)``): the question, followed by the call
+    that answers it."""
+    hint = (f" (The call: convert(value={scenario['value']}, from_unit=\"{scenario['from_unit']}\", "
+            f"to_unit=\"{scenario['to_unit']}\").)")  # fmt: skip
+    last = max(i for i, m in enumerate(messages) if m.get("role") == "user")
+    return [*messages[:last], {**messages[last], "content": f"{messages[last].get('content', '')}{hint}"},
+            *messages[last + 1 :]]  # fmt: skip
+
+
 def omp_threads() -> int | None:
     """``OMP_NUM_THREADS`` as a count (its first level when nested, ``"4,2"``), None when unset or not a number: on
     a machine shared with other torch processes, two threads each on two cores slow everyone down many times."""
@@ -124,13 +134,16 @@ def run_demo(
     threads: int | None = None,
     max_steps_off_policy: int = 0,
     config: Mapping[str, Any] | None = None,
+    teacher: art.Teacher | None = None,
+    eval_every: int | None = None,
     echo: Any = print,
 ) -> dict[str, Any]:
     """Train, evaluate before and after, print the curve and one held-out question before and after. ``threads``:
     torch's (default ``OMP_NUM_THREADS`` where set, else every core: one process does all the work). The
     hyper-parameters (``learning_rate`` ... ``per_device_train_batch_size``) are the library's defaults when None,
     ``max_tokens`` ``MAX_TOKENS``; ``benchmarks/defaults.py`` varies them. ``config``: further ``GRPOConfig`` fields
-    and ``max_steps_off_policy`` the ``Trainer``'s (``benchmarks/sampler_mismatch.py`` varies them)."""
+    and ``max_steps_off_policy``, ``teacher``, ``eval_every`` the ``Trainer``'s (``benchmarks/sampler_mismatch.py``
+    and ``benchmarks/distillation.py`` vary them)."""
     import torch
 
     started = time.perf_counter()
@@ -159,6 +172,8 @@ def run_demo(
             config=grpo,
             eval_scenarios=held_out,
             max_steps_off_policy=max_steps_off_policy,
+            teacher=teacher,
+            eval_every=eval_every,
             max_concurrency=len(held_out),  # the 40 evaluation runs as one batch: twice as fast as 5 batches of 8
             **per_step,
         )
@@ -200,6 +215,7 @@ def run_demo(
             "png": trainer.run_dir / "reward_curve.png",
             "seconds": seconds,
             "history": history,
+            "evals": trainer.evals,
         }
 
 

@@ -88,7 +88,8 @@ def importance_weights(
             log_ratio=float(delta.sum()),
             abs_log_ratio=float(delta.abs().sum()),
             abs_max=float(delta.abs().max()) if delta.numel() else 0.0,
-            kl=float((kl_k3(sampler_logprobs.float(), trainer_logprobs.float()) * mask).sum()),  # KL(sampler||trainer)
+            # KL(sampler || trainer); in float64, where exp(d) - d - 1 of a float32 d ~1e-6 rounds below 0
+            kl=float((kl_k3(sampler_logprobs.double(), trainer_logprobs.double()) * mask).sum()),
             beyond=float(((delta.abs() > log_cap) & trained).sum()),
             weight=float(weights.sum()) if weights is not None else float(mask.sum()),
             masked=float(((weights == 0) & trained).sum()) if weights is not None else 0.0,
