@@ -6,9 +6,11 @@ Each run is ``run_demo`` (``langgraph_art/demos/units.py``: SmolLM2-135M-Instruc
 held-out questions in phrasings never trained on) in a fresh home, evaluated before the first step, every
 ``--eval-every`` steps and after the last. ``grpo`` is the library's defaults (the GRPO recipe); ``distill`` adds
 ``art.Teacher(model="policy", prompt=answer_hint, kl_coef=K)``: the policy itself, shown the call that answers the
-question (``units.answer_hint``), scores each sampled token, and the reverse KL to it is a per-token advantage beside
-the reward's (``distill-base``: the base model as that teacher). Sampling costs the same per step in every arm (the
-teacher's forward is a trainer-side cost, ``train/teacher/seconds``), so sampled tokens are counted from the runs
+question (``units.answer_hint``), scores each sampled token, and the reverse KL to it is a per-token advantage
+beside the reward's (``distill-base``: the base model as that teacher). ``dynamic``: GRPO with
+``Trainer(dynamic_sampling=2)``, up to 2 further scenarios a step in place of groups whose runs all scored the same
+(their tokens count). Sampling costs the same per step in the GRPO and teacher arms (the teacher's forward is a
+trainer-side cost, ``train/teacher/seconds``), so sampled tokens are counted from the runs
 (``rollout/sampled_tokens``). It prints per run the held-out share of arguments right at each evaluation with the
 sampled tokens so far, the mean ``train/teacher/kl`` and the seconds; then each arm's mean per evaluation and spread
 over the seeds. Rows are merged into ``benchmarks/distillation.json``.
@@ -36,7 +38,7 @@ def run_one(arm: str, seed: int, steps: int, eval_every: int, kl_coef: float) ->
         teacher = art.Teacher(model="base" if arm == "distill-base" else "policy", prompt=answer_hint, kl_coef=kl_coef)
     with tempfile.TemporaryDirectory() as home:
         result = run_demo(home=home, seed=seed, steps=steps, teacher=teacher, eval_every=eval_every,
-                          echo=lambda *_: None)  # fmt: skip
+                          dynamic_sampling=2 if arm == "dynamic" else 0, echo=lambda *_: None)  # fmt: skip
     history = result["history"]
     tokens = [0.0]
     for m in history:

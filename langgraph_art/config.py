@@ -172,7 +172,8 @@ class GRPOConfig(BaseModel):
         "exp(trainer - sampler) logprob, truncated at importance_sampling_cap (token_truncate, TIS) or zeroed outside "
         "[1/cap, cap] (token_mask), per token or per sequence (sequence_*: the product of its tokens' ratios); none: "
         "the ratio is to the sampler's logprobs and the clip absorbs the mismatch (TRL's vllm_importance_sampling_mode "
-        "values).",
+        "values). token_truncate by measurement: nothing to correct on the HF engine on-policy, no worse than none or "
+        "token_mask one step off-policy (benchmarks/README.md, issue 37).",
     )
     importance_sampling_cap: float = Field(
         default=2.0,

@@ -358,7 +358,9 @@ class Trainer:
         return run_sync(self.atrain_step(scenarios))
 
     async def atrain_step(self, scenarios: Sequence[Mapping[str, Any]]) -> dict[str, float]:
-        """Async ``train_step``."""
+        """Async ``train_step`` (dynamic sampling draws its further scenarios from ``scenarios``, in turn)."""
+        cycle = itertools.cycle(scenarios)
+        self._more_scenarios = lambda n: [next(cycle) for _ in range(n)]
         return await self._learn(await self._rollout(scenarios))
 
     async def _rollout(self, scenarios: Sequence[Mapping[str, Any]]) -> _Rollout:

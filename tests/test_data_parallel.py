@@ -220,3 +220,27 @@ def test_torchrun_starts_a_service_whose_ranks_train_together(tiny_path: Path, t
         assert [m["train/updated"] for m in history] == [1.0, 1.0] and backend.current_step(model) == 2
         folder = checkpoint.step_dir(tmp_path / "service" / "p" / "checkpoints" / "dp", 2)
         assert checkpoint.load_state(folder)["world_size"] == 2
+
+
+@pytest.mark.slow
+def test_two_ranks_distil_from_a_privileged_teacher_as_one_rank_does(tiny_path: Path, tmp_path: Path) -> None:
+    """A teacher's forward runs on every rank over the same groups: the per-token advantages, the teacher's metrics
+    and the update are one rank's (a group whose runs all scored the same included: it learns from the teacher)."""
+    config = CONFIG.model_copy(update={"teacher_model": "policy", "teacher_kl_coef": 0.5})
+    one = GRPOTrainer(str(tiny_path), config, checkpoint_dir=tmp_path / "one")
+    groups = groups_for(one, 0)
+    for run in groups[1].trajectories:
+        run.reward = 1.0  # uniform: only the teacher teaches it
+    for run in (run for g in groups for run in g.trajectories):
+        for turn in run.turns():
+            turn.messages = [{"role": "user", "content": "count"}]
+            turn.teacher_messages = [{"role": "system", "content": "Count to three."}, *turn.messages]
+    two = ProcessTrainer(str(tiny_path), config, checkpoint_dir=tmp_path / "two", ranks=2)
+    try:
+        expected, got = one.step(groups), two.step(groups)
+        assert expected.updated and got.updated and expected.metrics["train/teacher/advantage_share"] > 0.01
+        for key in expected.metrics.keys() - {*TIMING, "train/teacher/seconds"}:
+            assert got.metrics[key] == pytest.approx(expected.metrics[key], rel=METRICS_REL, abs=METRICS_ABS), key
+        assert_same_lora(one.save_checkpoint(), two.save_checkpoint())
+    finally:
+        two.close()

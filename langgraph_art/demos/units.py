@@ -136,14 +136,15 @@ def run_demo(
     config: Mapping[str, Any] | None = None,
     teacher: art.Teacher | None = None,
     eval_every: int | None = None,
+    dynamic_sampling: int = 0,
     echo: Any = print,
 ) -> dict[str, Any]:
     """Train, evaluate before and after, print the curve and one held-out question before and after. ``threads``:
     torch's (default ``OMP_NUM_THREADS`` where set, else every core: one process does all the work). The
     hyper-parameters (``learning_rate`` ... ``per_device_train_batch_size``) are the library's defaults when None,
     ``max_tokens`` ``MAX_TOKENS``; ``benchmarks/defaults.py`` varies them. ``config``: further ``GRPOConfig`` fields
-    and ``max_steps_off_policy``, ``teacher``, ``eval_every`` the ``Trainer``'s (``benchmarks/sampler_mismatch.py``
-    and ``benchmarks/distillation.py`` vary them)."""
+    and ``max_steps_off_policy``, ``teacher``, ``eval_every``, ``dynamic_sampling`` the ``Trainer``'s
+    (``benchmarks/sampler_mismatch.py`` and ``benchmarks/distillation.py`` vary them)."""
     import torch
 
     started = time.perf_counter()
@@ -174,6 +175,7 @@ def run_demo(
             max_steps_off_policy=max_steps_off_policy,
             teacher=teacher,
             eval_every=eval_every,
+            dynamic_sampling=dynamic_sampling,
             max_concurrency=len(held_out),  # the 40 evaluation runs as one batch: twice as fast as 5 batches of 8
             **per_step,
         )

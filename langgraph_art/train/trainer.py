@@ -296,6 +296,7 @@ class GRPOTrainer:
             replay_grammars(sequences, self.grammars())
         where = {id(sequence): (turn, len(sequence) - len(turn.token_ids)) for turn, sequence in pairs}
         out: dict[str, list[float]] = {}
+        scored_tokens: dict[str, list[int]] = {}  # 1 where the teacher scored a token (0: a grammar forced it)
         with self._lora.active(None) if cfg.teacher_model == "base" else self.adapter():
             for batch in micro_batches(sequences, cfg.per_device_train_batch_size):
                 ids, mask, _, _, temp = batch_tensors(batch, self.tokenizer.pad_token_id, self.device)
@@ -307,15 +308,17 @@ class GRPOTrainer:
                 for row, sequence in enumerate(batch):
                     turn, start = where[id(sequence)]
                     out[turn.id] = logprobs[row, start - first : start - first + len(turn.token_ids)].tolist()
+                    scored_tokens[turn.id] = sequence.mask[start : start + len(turn.token_ids)]
         sampler, teacher, reward = [], [], []
-        for run in scored:  # the trained tokens: the turn's sampled ones less those closing a structure
+        for run in scored:  # the trained tokens: the sampled ones, less those closing a structure or forced
             span_of = {turn.id: span.id for span in run.spans for turn in span.turns}
             for turn in (t for t in run.trainable_turns(cfg.trainable_nodes) if t.id in out):
                 n = len(turn.token_ids) - min(turn.closing_tokens, len(turn.token_ids))
-                sampler += turn.logprobs[:n]
-                teacher += out[turn.id][:n]
+                kept = [i for i in range(n) if scored_tokens[turn.id][i]]
+                sampler += [turn.logprobs[i] for i in kept]
+                teacher += [out[turn.id][i] for i in kept]
                 advantage = advantages.by_span.get(span_of.get(turn.id, ""), advantages.by_trajectory[run.id])
-                reward += [advantage] * n
+                reward += [advantage] * len(kept)
         seconds = time.perf_counter() - started
         return out, teacher_metrics(sampler, teacher, reward, cfg.teacher_kl_coef, seconds)
 
