@@ -46,7 +46,9 @@ def test_every_public_name_resolves_and_the_version_comes_from_the_metadata() ->
         for name in module.__all__:
             assert getattr(module, name) is not None, name
     assert langgraph_art.__version__ == version("langgraph-art")
-    assert len(langgraph_art.__all__) <= 35  # the workflow (Teacher: 35), its data, extension points, errors; no internals
+    assert (
+        len(langgraph_art.__all__) <= 35
+    )  # the workflow (Teacher: 35), its data, extension points, errors; no internals
 
 
 def test_the_errors_a_caller_handles_are_public_names() -> None:
