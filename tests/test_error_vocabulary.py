@@ -43,9 +43,13 @@ def test_every_row_maps_both_ways() -> None:
     assert type(error_from_http(500, {"message": "boom"}, "the service")) is art.LangGraphArtError
 
 
+# the PPO ratio to the sampler's logprobs (no mismatch correction, which would bound the weight of such a token)
+UNCORRECTED = art.GRPOConfig(importance_sampling_correction="none")
+
+
 def exploding_group() -> TrajectoryGroup:
-    """Runs whose sampler logprobs are -1e30: the importance ratio overflows, the loss is inf, the step aborts (the
-    trainer's own check, not a fake)."""
+    """Runs whose sampler logprobs are -1e30: under ``UNCORRECTED`` the importance ratio overflows, the loss is inf,
+    the step aborts (the trainer's own check, not a fake)."""
     runs = []
     for i, score in enumerate([1.0, 0.0]):
         turn = Turn(
@@ -81,8 +85,9 @@ def local_and_remote(service: str, tmp_path: Path, name: str) -> Iterator[tuple[
 def test_an_aborted_step_is_training_aborted_on_both_backends(service: str, tmp_path: Path) -> None:
     raised = []
     for backend, model in local_and_remote(service, tmp_path, "aborts"):
+        backend.trainer(model, UNCORRECTED)
         with pytest.raises(TrainingAborted, match="non-finite"):
-            backend.train_step(model, [exploding_group()])
+            backend.train_step(model, [exploding_group()], UNCORRECTED)
         raised.append(type(backend).__name__)
         assert backend.current_step(model) == 0  # nothing was published
     assert raised == ["LocalBackend", "RemoteBackend"]
@@ -162,8 +167,9 @@ def test_a_langgraph_art_serve_process_answers_in_the_same_vocabulary(tiny_path:
     with serving(argv, port, "`langgraph-art serve`") as url:
         backend = art.RemoteBackend(f"{url}/v1", home=tmp_path / "client", max_wait=0)
         model = art.TrainableModel(name="served", project="p").register(backend)
+        backend.trainer(model, UNCORRECTED)
         with pytest.raises(TrainingAborted, match="non-finite"):
-            backend.train_step(model, [exploding_group()])
+            backend.train_step(model, [exploding_group()], UNCORRECTED)
         backend.warmup(model, HELLO, steps=1)
         with pytest.raises(ModelNotFoundError, match="no checkpoint 7"):
             model.pin(7)
