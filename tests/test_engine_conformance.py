@@ -24,12 +24,13 @@ from pydantic import BaseModel
 
 torch = pytest.importorskip("torch")
 
-from langgraph_art.errors import AdapterError, ContextLengthError, ModelNotFoundError  # noqa: E402
+from langgraph_art.errors import AdapterError, ContextLengthError, ModelNotFoundError, RequestError  # noqa: E402
 from langgraph_art.serve.engines.base import (  # noqa: E402
     FinishedEvent,
     GenerationRequest,
     GenerationResult,
     SamplingParams,
+    ScoreRequest,
     TokenEvent,
 )
 from tests.helpers import WEATHER_PROMPTS, WEATHER_TOOL  # noqa: E402
@@ -311,6 +312,35 @@ def test_64_concurrent_requests(server: Any) -> None:
 
 
 # -- adapters ---------------------------------------------------------------------------------------------------
+# -- scoring given tokens (a teacher's logprobs of a student's tokens) ------------------------------------------
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_scoring_given_tokens_is_the_trainers_forward_pass_in_process_and_over_http(
+    server: Any, reference: Any, lora: Path, temperature: float
+) -> None:
+    """Under an adapter, at the sampling temperature: what a teacher on this server gives for a student's tokens
+    equals the trainer's own forward pass, and ``POST /v1/completions`` answers what the engine gives in process.
+    vLLM's prompt logprobs are of the raw logits: it refuses a temperature other than 1, saying so."""
+    ids = prompt(server, WEATHER_PROMPTS[0], [WEATHER_TOOL])
+    sampled = generate(server, ids, "lora@1", temperature=temperature, max_tokens=16, seed=5).samples[0]
+    tokens = ids + sampled.token_ids
+    request = ScoreRequest(tokens, len(ids), "lora@1", temperature)
+    if temperature != 1.0 and type(server.engine).__name__ == "VLLMEngine":  # its prompt logprobs are raw
+        with pytest.raises(RequestError, match="vLLM scores prompt tokens at temperature 1 only"):
+            server.run(server.engine.score(request))
+        return
+    in_process = server.run(server.engine.score(request))
+    trainer = trainer_logprobs(adapted(reference, lora), ids, sampled.token_ids, temperature)
+    assert max_gap(in_process, trainer) < 1e-4
+    body = {"model": "lora@1", "prompt": tokens, "max_tokens": 0, "prompt_logprobs": 0, "temperature": temperature,
+            "prompt_logprobs_start": len(ids)}  # fmt: skip
+    answer = httpx.post(f"{server.base_url}/completions", json=body, timeout=120)
+    assert answer.status_code == 200, answer.text
+    entries = answer.json()["choices"][0]["prompt_logprobs"]
+    assert entries[: len(ids)] == [None] * len(ids)
+    assert [int(next(iter(e))) for e in entries[len(ids) :]] == sampled.token_ids
+    assert max_gap([next(iter(e.values()))["logprob"] for e in entries[len(ids) :]], in_process) < 1e-6
+
+
 def test_adapter_changes_outputs_then_unload_gives_base_back(server: Any, reference: Any, lora: Path) -> None:
     ids = prompt(server, WEATHER_PROMPTS[1], [WEATHER_TOOL])
     base = generate(server, ids, temperature=0, max_tokens=40)

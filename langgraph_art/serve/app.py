@@ -28,6 +28,7 @@ from langgraph_art.serve.http_errors import install_error_handlers
 from langgraph_art.serve.protocol import error_body
 from langgraph_art.serve.routes.catalog import catalog_router
 from langgraph_art.serve.routes.completions import CALL_ID_HEADER, ChatCompletions
+from langgraph_art.serve.routes.scoring import scoring_router
 
 __all__ = ["CALL_ID_HEADER", "create_app"]
 log = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ def create_app(
     completions = ChatCompletions(engine, ready, policies)
     app.state.chat_completions = completions  # the in-process client calls it directly (inprocess.py)
     app.include_router(completions.router())
+    app.include_router(scoring_router(engine, ready, policies))  # POST /v1/completions: prompt logprobs
     return app
 
 

@@ -117,6 +117,28 @@ class FinishedEvent:
 StreamEvent = TokenEvent | FinishedEvent
 
 
+@dataclass(frozen=True)
+class ScoreRequest:
+    """Score ``token_ids``: the logprob of each of ``token_ids[start:]`` given the tokens before it, under ``adapter``
+    (None: the base model), at ``temperature``: ``log_softmax(logits / T)``, the distribution the sampler draws from
+    (a teacher's logprobs of a student's sampled tokens, at the student's temperature)."""
+
+    token_ids: list[int]
+    start: int = 1
+    adapter: str | None = None
+    temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.start < len(self.token_ids):
+            raise RequestError(
+                f"prompt_logprobs_start={self.start}: score from a position in 1..{len(self.token_ids) - 1} (the "
+                f"first token has no logprob; {len(self.token_ids)} tokens were sent)",
+                "prompt_logprobs_start",
+            )
+        if not (math.isfinite(self.temperature) and 0.0 < self.temperature <= 100.0):
+            raise RequestError(f"temperature must be in (0, 100] to score, got {self.temperature}", "temperature")
+
+
 @runtime_checkable
 class Engine(Protocol):
     """What the app needs from an inference engine."""
@@ -157,6 +179,16 @@ class Engine(Protocol):
     def grammars(self) -> Any:
         """``models.grammar.Grammars`` over this engine's tokenizer and vocabulary (built on first use): how the
         server checks a request's grammar and closes a structure ``max_tokens`` cut short."""
+        ...
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """An engine that scores given token ids (``POST /v1/completions`` with ``prompt_logprobs``): how a teacher on
+    a server gives its logprobs of a student's tokens."""
+
+    async def score(self, request: ScoreRequest) -> list[float]:
+        """The logprobs of ``request.token_ids[request.start:]`` (one per token)."""
         ...
 
 

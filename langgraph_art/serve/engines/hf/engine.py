@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from langgraph_art.errors import ConfigError, EngineNotReadyError, ModelNotFoundError
+from langgraph_art.errors import ConfigError, ContextLengthError, EngineNotReadyError, ModelNotFoundError
 from langgraph_art.models.grammar import Grammars
 from langgraph_art.models.loading import (
     LARGE_MODEL_BYTES,
@@ -43,6 +43,7 @@ from langgraph_art.serve.engines.base import (
     GenerationRequest,
     GenerationResult,
     Sample,
+    ScoreRequest,
     StreamEvent,
     read_adapter_config,
     stop_position,
@@ -268,6 +269,35 @@ class HFEngine:
                     return
         finally:
             job.cancelled = True  # a client that went away stops its rows at the next step
+
+    async def score(self, request: ScoreRequest) -> list[float]:
+        """The logprobs of ``request.token_ids[request.start:]``, from one forward of the whole sequence on the
+        worker between batches (``Scorer``): through the fast decoder when the policy runs there (an unmerged
+        adapter on shared weights is only there), else transformers' forward."""
+        if self.max_model_len and len(request.token_ids) > self.max_model_len:
+            raise ContextLengthError(
+                f"{len(request.token_ids)} tokens to score; this model's context is {self.max_model_len}", "prompt"
+            )
+        if request.adapter is not None and request.adapter not in self._adapters:
+            raise ModelNotFoundError(f"adapter {request.adapter!r} is not loaded; loaded: {self._adapters.loaded()}")
+        return await self._command(lambda: self._score(request))
+
+    def _score(self, request: ScoreRequest) -> list[float]:
+        """``score`` on the worker."""
+        ids = torch.tensor([request.token_ids], device=self._lm.device)  # [1, T]
+        with self._adapters.use(request.adapter) as policy:
+            if self._fast is not None and policy.plain:
+                if self._fast.relink(self._lm) and self.prefix_cache is not None:
+                    self.prefix_cache.clear()  # a parameter was replaced: every KV computed before is stale
+                cache = self._fast.new_cache(1, ids.shape[1])
+                positions = torch.arange(ids.shape[1], device=ids.device)[None]  # [1, T]
+                valid = torch.ones_like(ids, dtype=torch.bool)
+                hidden = self._fast.forward(ids, positions, valid, cache, policy.fast_lora, every=True)  # [1, T, H]
+                logits = self._fast.lm_head(hidden[0, request.start - 1 : -1])  # [T - start, V]
+            else:
+                logits = policy.model(ids).logits[0, request.start - 1 : -1]  # [T - start, V]
+        logp = torch.log_softmax(logits.float() / request.temperature, dim=-1)
+        return logp.gather(-1, ids[0, request.start :, None])[:, 0].tolist()
 
     async def load_adapter(self, name: str, path: str) -> None:
         """A new merged plain-LoRA adapter goes in between two decode steps (the trainer's new checkpoint does not

@@ -171,10 +171,13 @@ class FastLM:
         valid: torch.Tensor,
         cache: FastCache,
         lora: FastLora | None = None,
+        every: bool = False,
     ) -> Any:
         """Feed ``ids`` [B, T] (``valid`` [B, T]: False on padding) at ``positions`` [B, T]; writes cache columns
-        ``length .. length+T-1``; returns the next-token logits after each row's last column [B, V]. ``lora``: an
-        unmerged adapter added to the projections."""
+        ``length .. length+T-1``; returns the next-token logits after each row's last column [B, V], or with
+        ``every`` the final (normed) hidden state of every column [B, T, H], for ``lm_head`` to take where it is
+        needed (scoring: a prompt's whole [T, V] logits would be GBs). ``lora``: an unmerged adapter added to the
+        projections."""
         rows, width = ids.shape
         start, end = cache.length, cache.length + width
         cache.reserve(end)
@@ -215,6 +218,8 @@ class FastLM:
             act = F.silu(gate) * up
             x = _add_lora(torch.addmm(x, act, layer.down), act, lo_down)  # residual + down_proj
         cache.length = end
+        if every:
+            return _rms(x, self.final_norm, self.eps).view(rows, width, -1)  # [B, T, H]
         last = x.view(rows, width, -1)[:, -1]  # [B, H]
         return self.lm_head(_rms(last, self.final_norm, self.eps))  # [B, V]
 

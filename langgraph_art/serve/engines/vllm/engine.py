@@ -40,7 +40,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from langgraph_art.errors import AdapterError, ConfigError, EngineNotReadyError, ModelNotFoundError
+from langgraph_art.errors import (
+    AdapterError,
+    ConfigError,
+    ContextLengthError,
+    EngineNotReadyError,
+    ModelNotFoundError,
+    RequestError,
+)
 from langgraph_art.serve.engines.base import (
     FinishedEvent,
     FinishReason,
@@ -48,6 +55,7 @@ from langgraph_art.serve.engines.base import (
     GenerationResult,
     Sample,
     SamplingParams,
+    ScoreRequest,
     StreamEvent,
     TokenEvent,
     stop_position,
@@ -294,6 +302,55 @@ class VLLMEngine:
         self._counts["prefix_cache_hits"] += cached
         samples = [self._sample(i, ids[i], logprobs[i], tops[i], reasons[i], request.params) for i in range(n)]
         yield FinishedEvent(GenerationResult(request.request_id, request.prompt_token_ids, samples, request.adapter))
+
+    async def score(self, request: ScoreRequest) -> list[float]:
+        """The logprobs of ``request.token_ids[request.start:]`` (``Scorer``): vLLM's prompt logprobs of the
+        sequence, one token generated and dropped. vLLM computes prompt logprobs from the raw logits, whatever the
+        temperature (measured: 2.15 nats off the trainer's at 0.7), so only temperature 1 is scored here."""
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        if not self.ready:
+            raise EngineNotReadyError("the engine is not running (still loading, or closed)")
+        if self._asleep:
+            raise EngineNotReadyError("the engine is asleep while the trainer steps; retry in a moment")
+        lora = self._loras.get(request.adapter) if request.adapter is not None else None
+        if request.adapter is not None and lora is None:
+            raise ModelNotFoundError(f"adapter {request.adapter!r} is not loaded; loaded: {sorted(self._loras)}")
+        if request.temperature != 1.0:
+            raise RequestError(
+                f"temperature={request.temperature}: vLLM scores prompt tokens at temperature 1 only (its prompt "
+                "logprobs ignore the temperature); score at 1, or serve the teacher on the HF engine",
+                "temperature",
+            )
+        if self.max_model_len and len(request.token_ids) >= self.max_model_len:  # vLLM generates one token after
+            raise ContextLengthError(
+                f"{len(request.token_ids)} tokens to score; this model's context is {self.max_model_len} (vLLM "
+                "needs one more)",
+                "prompt",
+            )
+        params = VLLMSamplingParams(
+            max_tokens=1, temperature=request.temperature, top_k=0, top_p=1.0, prompt_logprobs=0,
+            output_kind=RequestOutputKind.FINAL_ONLY, detokenize=False,
+        )  # fmt: skip
+        lora_id = lora.request.lora_int_id if lora is not None else 0
+        self._running[lora_id] += 1
+        final = None
+        try:
+            prompt = TokensPrompt(prompt_token_ids=list(request.token_ids))
+            async for output in self._llm.generate(
+                prompt, params, uuid.uuid4().hex, lora_request=lora.request if lora else None
+            ):
+                final = output
+        finally:
+            self._running[lora_id] -= 1
+            await self._drop_retired()
+        entries = final.prompt_logprobs if final is not None else None
+        if not entries:
+            raise RuntimeError("vLLM returned no prompt logprobs")  # pragma: no cover
+        ids = request.token_ids
+        return [float(entries[i][ids[i]].logprob) for i in range(request.start, len(ids))]
 
     def _sampling_params(self, request: GenerationRequest, kind: Any) -> Any:
         from vllm import SamplingParams as VLLMSamplingParams
