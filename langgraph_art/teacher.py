@@ -50,6 +50,11 @@ class Teacher:
                 f"Teacher(model={self.model!r}): use 'base' (the base model, the LoRA off) or 'policy' (the policy "
                 "itself, with a privileged prompt)"
             )
+        if self.model == "policy" and self.prompt is None:
+            raise ConfigError(
+                "Teacher(model='policy') without a prompt scores the student's tokens as the sampler did and teaches "
+                "nothing: give it prompt=... (what the teacher sees that the student does not), or use model='base'"
+            )
         if self.prompt is not None and not callable(self.prompt):
             raise ConfigError(
                 f"Teacher(prompt=...) must be a function (scenario, messages) -> messages, got "

@@ -58,6 +58,8 @@ def test_the_config_and_the_teacher_check_their_values() -> None:
         art.Teacher(model="big")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"Teacher\(prompt=...\) must be a function"):
         art.Teacher(prompt="be smart")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"Teacher\(model='policy'\) without a prompt .* teaches nothing"):
+        art.Teacher(model="policy")
 
 
 # -- in the trainer ---------------------------------------------------------------------------------------------
@@ -108,6 +110,8 @@ def test_a_group_whose_runs_all_scored_the_same_learns_only_from_a_teacher(tiny_
 
     alone = trainer_with(tiny_path, tmp_path / "alone")
     assert not alone.step([make_group(alone, [1.0, 1.0, 1.0, 1.0])]).updated  # GRPO: nothing to learn
+    weightless = trainer_with(tiny_path, tmp_path / "weightless", teacher_model="base", teacher_kl_coef=0.0)
+    assert not weightless.step([make_group(weightless, [1.0, 1.0, 1.0, 1.0])]).updated  # a teacher weighing 0
     taught = trainer_with(tiny_path, tmp_path / "taught", teacher_model="policy")
     group = make_group(taught, [1.0, 1.0, 1.0, 1.0])
     for run in group.trajectories:

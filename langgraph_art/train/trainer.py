@@ -187,7 +187,8 @@ class GRPOTrainer:
         started = time.perf_counter()
         cfg = self.config
         # with a teacher, a group whose runs all scored the same still learns from it, token by token
-        advantages = group_advantages(groups, cfg.scale_rewards, keep_uniform=cfg.teacher_model is not None)
+        taught = cfg.teacher_model is not None and cfg.teacher_kl_coef > 0
+        advantages = group_advantages(groups, cfg.scale_rewards, keep_uniform=taught)
         report = TokenizeReport(skipped=dict(advantages.skipped))
         runs = [t for g in groups for t in g.completed()]
         teacher, teacher_stats = self._teach(runs, advantages) if cfg.teacher_model is not None else (None, {})
