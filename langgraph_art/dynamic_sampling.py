@@ -8,16 +8,10 @@ training list (``train`` cycles through it), sampled with the policy served at t
 
 from __future__ import annotations
 
-import math
 from collections.abc import Awaitable, Callable, Sequence
 
+from langgraph_art.train.advantages import is_uniform
 from langgraph_art.types import TrajectoryGroup
-
-
-def is_uniform(group: TrajectoryGroup) -> bool:
-    """At least two scored runs, and every one's reward the same (``train/advantages.py`` skips such a group)."""
-    rewards = [t.reward for t in group.completed() if t.reward is not None and math.isfinite(t.reward)]
-    return len(rewards) >= 2 and max(rewards) - min(rewards) < 1e-9
 
 
 async def refill(

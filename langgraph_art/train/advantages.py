@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from langgraph_art.types import TrajectoryGroup
+from langgraph_art.types import Trajectory, TrajectoryGroup
 
 ScaleRewards = Literal["group", "batch", "none"]
 EPS = 1e-4
@@ -35,9 +35,38 @@ class Advantages:
     by_span: dict[str, float] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)
 
+    def of_turns(self, trajectory: Trajectory) -> dict[str, float]:
+        """The advantage of each of ``trajectory``'s turns, by turn id: its node span's (a per-node reward), else
+        the run's; empty for a run without one."""
+        run = self.by_trajectory.get(trajectory.id)
+        out: dict[str, float] = {}
+        if run is not None:
+            out.update(dict.fromkeys((turn.id for turn in trajectory.root_turns), run))
+        for span in trajectory.spans:
+            advantage = self.by_span.get(span.id, run)
+            if advantage is not None:
+                out.update(dict.fromkeys((turn.id for turn in span.turns), advantage))
+        return out
+
     def skip(self, reason: str, count: int = 1) -> None:
         if count:
             self.skipped[reason] = self.skipped.get(reason, 0) + count
+
+
+def scored_runs(group: TrajectoryGroup) -> list[Trajectory]:
+    """The group's completed runs with a finite reward: the ones GRPO compares."""
+    return [t for t in group.completed() if t.reward is not None and math.isfinite(t.reward)]
+
+
+def all_equal(rewards: Sequence[float]) -> bool:
+    """Rewards a group cannot tell apart (no advantage to teach)."""
+    return max(rewards) - min(rewards) < 1e-9
+
+
+def is_uniform(group: TrajectoryGroup) -> bool:
+    """At least two scored runs, every one's reward the same: a group ``group_advantages`` skips."""
+    runs = scored_runs(group)
+    return len(runs) >= 2 and all_equal([float(t.reward) for t in runs])  # type: ignore[arg-type]
 
 
 def group_advantages(
@@ -48,14 +77,14 @@ def group_advantages(
     out = Advantages()
     scored: list[tuple[list[str], list[float]]] = []
     for group in groups:
-        runs = [t for t in group.completed() if t.reward is not None and math.isfinite(t.reward)]
+        runs = scored_runs(group)
         out.skip("run failed", len(group.failed))
         out.skip("run has no reward", len(group.completed()) - len(runs))
         if len(runs) < 2:
             out.skip("group of fewer than 2 scored runs", len(runs))
             continue
         rewards = [float(t.reward) for t in runs]  # type: ignore[arg-type]
-        if max(rewards) - min(rewards) < 1e-9:
+        if all_equal(rewards):
             if keep_uniform:
                 out.by_trajectory.update(dict.fromkeys((t.id for t in runs), 0.0))
             else:
