@@ -1,5 +1,5 @@
 """The RL step's batch plumbing, pure functions of the tokenized sequences: micro-batches, their padded tensors,
-loss weights for gradient accumulation, the shared prompt prefix, and the sampler/trainer logprob gap."""
+loss weights for gradient accumulation and the shared prompt prefix."""
 
 from __future__ import annotations
 
@@ -8,12 +8,6 @@ from typing import Any
 import torch
 
 from langgraph_art.train.tokenize import TrainSequence
-
-
-def mean_gap(logprobs: torch.Tensor, old: torch.Tensor, mask: torch.Tensor) -> float:
-    """Mean |trainer logprob - sampler logprob| over the trained tokens [B, T], before the step's update: the
-    numeric mismatch between engine and trainer (bf16, other kernels) that the importance ratio absorbs."""
-    return float(((logprobs.detach() - old).abs() * mask).sum() / mask.sum().clamp(min=1))
 
 
 def micro_batches(sequences: list[TrainSequence], size: int) -> list[list[TrainSequence]]:

@@ -98,10 +98,12 @@ def importance_weights(
 
 
 def mismatch_metrics(sums: dict[str, float], abs_max: float, corrected: bool) -> dict[str, float]:
-    """The step's ``train/mismatch/*`` metrics from its micro-batches' ``Mismatch`` sums (``MISMATCH_SUMS``) and
-    largest ``abs_max``; the weights' own with a correction (``corrected``)."""
+    """The step's ``train/mismatch/*`` metrics (and ``train/sampler_logprob_gap``, the mean absolute gap) from its
+    micro-batches' ``Mismatch`` sums (``MISMATCH_SUMS``) and largest ``abs_max``; the weights' own with a correction
+    (``corrected``)."""
     tokens = max(sums["tokens"], 1.0)
     metrics = {
+        "train/sampler_logprob_gap": sums["abs_log_ratio"] / tokens,  # mean |trainer - sampler| logprob
         "train/mismatch/log_ratio": sums["log_ratio"] / tokens,  # mean trainer - sampler logprob (signed)
         "train/mismatch/abs_max": abs_max,
         "train/mismatch/kl": sums["kl"] / tokens,  # KL(sampler || trainer) per token, k3 estimate

@@ -61,13 +61,16 @@ def _sampling_temperature(turn: Turn) -> float:
     return float(value) if isinstance(value, int | float) and value > 0 else 1.0  # greedy: raw logprobs
 
 
-def _prompt_ids(turn: Turn, tokenizer: Any) -> list[int]:
-    if turn.prompt_token_ids:
-        return list(turn.prompt_token_ids)
+def _rendered(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, tokenizer: Any) -> list[int]:
+    """``messages`` (and ``tools``) as the chat template renders a prompt, ready for the answer."""
     ids = tokenizer.apply_chat_template(
-        turn.messages, tools=turn.tools or None, add_generation_prompt=True, tokenize=True, return_dict=False
+        messages, tools=tools or None, add_generation_prompt=True, tokenize=True, return_dict=False
     )
     return [int(i) for i in ids]
+
+
+def _prompt_ids(turn: Turn, tokenizer: Any) -> list[int]:
+    return list(turn.prompt_token_ids) if turn.prompt_token_ids else _rendered(turn.messages, turn.tools, tokenizer)
 
 
 def build_sequences(
@@ -88,13 +91,13 @@ def build_sequences(
     wanted = list(nodes) if nodes is not None else None
     sequences: list[TrainSequence] = []
     for trajectory in trajectories:
-        span_of = {turn.id: span.id for span in trajectory.spans for turn in span.turns}
+        of_turn = advantages.of_turns(trajectory)
         all_turns = trajectory.turns(wanted)
         usable = trajectory.trainable_turns(wanted)
         report.skip("turn without token ids (not sampled by ChatART): context only", len(all_turns) - len(usable))
         open_sequences: list[TrainSequence] = []
         for turn in usable:
-            advantage = advantages.by_span.get(span_of.get(turn.id, ""), advantages.by_trajectory.get(trajectory.id))
+            advantage = of_turn.get(turn.id)
             if advantage is None:
                 continue
             prompt = _prompt_ids(turn, tokenizer)
@@ -154,11 +157,7 @@ def teacher_sequences(
     for trajectory in trajectories:
         for turn in trajectory.trainable_turns(wanted):
             if turn.teacher_messages is not None:
-                rendered = tokenizer.apply_chat_template(
-                    turn.teacher_messages, tools=turn.tools or None, add_generation_prompt=True, tokenize=True,
-                    return_dict=False,
-                )  # fmt: skip
-                prompt = [int(i) for i in rendered]
+                prompt = _rendered(turn.teacher_messages, turn.tools, tokenizer)
             else:
                 prompt = _prompt_ids(turn, tokenizer)
             n = len(turn.token_ids)

@@ -45,7 +45,6 @@ from langgraph_art.train.batches import (
     batch_tensors,
     batch_weight,
     first_trained_position,
-    mean_gap,
     micro_batches,
 )
 from langgraph_art.train.constrained import batch_grammar_masks, grammar_mass, replay_grammars
@@ -211,7 +210,7 @@ class GRPOTrainer:
 
         batches = self.ranks.share(micro_batches(sequences, cfg.per_device_train_batch_size))  # this rank's
         total_tokens = sum(sum(s.mask) for s in sequences)
-        keys = ["loss", "entropy", "kl", "clip_fraction", "ratio_mean", "sampler_logprob_gap"]
+        keys = ["loss", "entropy", "kl", "clip_fraction", "ratio_mean"]
         keys += ["grammar/tokens", "grammar/mass"]  # summed: trained tokens under a grammar, the policy's mass inside
         sums, last = dict.fromkeys(keys, 0.0), dict.fromkeys(keys, 0.0)
         # each micro-batch's trainer logprobs before the update and its importance weights, from the first pass
@@ -312,14 +311,13 @@ class GRPOTrainer:
                     scored_tokens[turn.id] = sequence.mask[start : start + len(turn.token_ids)]
         sampler, teacher, reward = [], [], []
         for run in scored:  # the trained tokens: the sampled ones, less those closing a structure or forced
-            span_of = {turn.id: span.id for span in run.spans for turn in span.turns}
+            of_turn = advantages.of_turns(run)
             for turn in (t for t in run.trainable_turns(cfg.trainable_nodes) if t.id in out):
                 n = len(turn.token_ids) - min(turn.closing_tokens, len(turn.token_ids))
                 kept = [i for i in range(n) if scored_tokens[turn.id][i]]
                 sampler += [turn.logprobs[i] for i in kept]
                 teacher += [out[turn.id][i] for i in kept]
-                advantage = advantages.by_span.get(span_of.get(turn.id, ""), advantages.by_trajectory[run.id])
-                reward += [advantage] * len(kept)
+                reward += [of_turn[turn.id]] * len(kept)
         seconds = time.perf_counter() - started
         return out, teacher_metrics(sampler, teacher, reward, cfg.teacher_kl_coef, seconds)
 
@@ -389,9 +387,6 @@ class GRPOTrainer:
             ("kl", stats.kl),
             ("clip_fraction", stats.clip_fraction),
             ("ratio_mean", stats.ratio_mean),
-            # the trainer's logprob of each sampled token against the sampler's, before this step's update:
-            # the numeric mismatch (bf16, kernels) the importance ratio absorbs
-            ("sampler_logprob_gap", mean_gap(logprobs, sampler, mask)),
         ):
             sums[key] += value * share
         if masks is not None:  # the policy's probability inside the grammar's mask, on the trained tokens under one
