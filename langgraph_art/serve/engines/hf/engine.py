@@ -282,18 +282,26 @@ class HFEngine:
             raise ModelNotFoundError(f"adapter {request.adapter!r} is not loaded; loaded: {self._adapters.loaded()}")
         return await self._command(lambda: self._score(request))
 
+    def _fast_for(self, policy: Any) -> FastLM | None:
+        """The fast decoder, when ``policy`` runs there (the plain architecture), its weights relinked; else None.
+        On the worker."""
+        if self._fast is None or not policy.plain:
+            return None
+        if self._fast.relink(self._lm) and self.prefix_cache is not None:
+            self.prefix_cache.clear()  # a parameter was replaced: every KV computed before is stale
+        return self._fast
+
     def _score(self, request: ScoreRequest) -> list[float]:
         """``score`` on the worker."""
         ids = torch.tensor([request.token_ids], device=self._lm.device)  # [1, T]
         with self._adapters.use(request.adapter) as policy:
-            if self._fast is not None and policy.plain:
-                if self._fast.relink(self._lm) and self.prefix_cache is not None:
-                    self.prefix_cache.clear()  # a parameter was replaced: every KV computed before is stale
-                cache = self._fast.new_cache(1, ids.shape[1])
+            fast = self._fast_for(policy)
+            if fast is not None:
+                cache = fast.new_cache(1, ids.shape[1])
                 positions = torch.arange(ids.shape[1], device=ids.device)[None]  # [1, T]
                 valid = torch.ones_like(ids, dtype=torch.bool)
-                hidden = self._fast.forward(ids, positions, valid, cache, policy.fast_lora, every=True)  # [1, T, H]
-                logits = self._fast.lm_head(hidden[0, request.start - 1 : -1])  # [T - start, V]
+                hidden = fast.forward(ids, positions, valid, cache, policy.fast_lora, every=True)  # [1, T, H]
+                logits = fast.lm_head(hidden[0, request.start - 1 : -1])  # [T - start, V]
             else:
                 logits = policy.model(ids).logits[0, request.start - 1 : -1]  # [T - start, V]
         logp = torch.log_softmax(logits.float() / request.temperature, dim=-1)
@@ -383,12 +391,11 @@ class HFEngine:
         batch: RunningBatch | None = None
         try:
             with self._adapters.use(adapter) as policy:
-                if self._fast is not None and policy.plain:
-                    if self._fast.relink(self._lm) and self.prefix_cache is not None:
-                        self.prefix_cache.clear()  # a parameter was replaced: every KV computed before is stale
+                fast = self._fast_for(policy)
+                if fast is not None:
                     max_new = max(job.max_new for job in jobs)
                     steps: Steps = FastSteps(
-                        self._fast, max_new, policy.fast_lora, prefix=self.prefix_cache, policy=policy.key,
+                        fast, max_new, policy.fast_lora, prefix=self.prefix_cache, policy=policy.key,
                         counts=self.counts,
                     )  # fmt: skip
                 else:

@@ -30,6 +30,7 @@ stop strings identically; vLLM's own detokenized text is not used.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -251,20 +252,12 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        if not self.ready:
-            raise EngineNotReadyError("the engine is not running (still loading, or closed)")
-        if self._asleep:
-            raise EngineNotReadyError("the engine is asleep while the trainer steps; retry in a moment")
-        lora = self._loras.get(request.adapter) if request.adapter is not None else None
-        if request.adapter is not None and lora is None:
-            raise ModelNotFoundError(f"adapter {request.adapter!r} is not loaded; loaded: {sorted(self._loras)}")
+        lora = self._lora_for(request.adapter)
         grammar = request.grammar
         if grammar is not None and not (self._grammars and self._grammars.compiled(grammar)):
             await asyncio.to_thread(lambda: self.grammars().check(grammar))  # as HFEngine: a 400 if bad
         params = self._sampling_params(request, RequestOutputKind.DELTA if streaming else RequestOutputKind.FINAL_ONLY)
         request.request_id = request.request_id or uuid.uuid4().hex
-        lora_id = lora.request.lora_int_id if lora is not None else 0
-        self._running[lora_id] += 1
         n = request.params.n
         greedy = request.params.temperature == 0
         ids: list[list[int]] = [[] for _ in range(n)]
@@ -273,7 +266,7 @@ class VLLMEngine:
         reasons: list[str | None] = [None] * n
         k = request.params.top_logprobs
         cached = 0
-        try:
+        async with self._serving(lora):
             prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
             async for output in self._llm.generate(
                 prompt, params, request.request_id, lora_request=lora.request if lora else None
@@ -293,9 +286,6 @@ class VLLMEngine:
                                 yield TokenEvent(i, int(token_id), chosen, top)
                     for i in fan_out:
                         reasons[i] = choice.finish_reason or reasons[i]
-        finally:
-            self._running[lora_id] -= 1
-            await self._drop_retired()
         self._counts["prompt_tokens"] += len(request.prompt_token_ids)
         self._counts["prefill_tokens"] += len(request.prompt_token_ids) - cached
         self._counts["prefix_cache_queries"] += len(request.prompt_token_ids)
@@ -311,13 +301,7 @@ class VLLMEngine:
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        if not self.ready:
-            raise EngineNotReadyError("the engine is not running (still loading, or closed)")
-        if self._asleep:
-            raise EngineNotReadyError("the engine is asleep while the trainer steps; retry in a moment")
-        lora = self._loras.get(request.adapter) if request.adapter is not None else None
-        if request.adapter is not None and lora is None:
-            raise ModelNotFoundError(f"adapter {request.adapter!r} is not loaded; loaded: {sorted(self._loras)}")
+        lora = self._lora_for(request.adapter)
         if request.temperature != 1.0:
             raise RequestError(
                 f"temperature={request.temperature}: vLLM scores prompt tokens at temperature 1 only (its prompt "
@@ -334,23 +318,40 @@ class VLLMEngine:
             max_tokens=1, temperature=request.temperature, top_k=0, top_p=1.0, prompt_logprobs=0,
             output_kind=RequestOutputKind.FINAL_ONLY, detokenize=False,
         )  # fmt: skip
-        lora_id = lora.request.lora_int_id if lora is not None else 0
-        self._running[lora_id] += 1
         final = None
-        try:
+        async with self._serving(lora):
             prompt = TokensPrompt(prompt_token_ids=list(request.token_ids))
             async for output in self._llm.generate(
                 prompt, params, uuid.uuid4().hex, lora_request=lora.request if lora else None
             ):
                 final = output
-        finally:
-            self._running[lora_id] -= 1
-            await self._drop_retired()
         entries = final.prompt_logprobs if final is not None else None
         if not entries:
             raise RuntimeError("vLLM returned no prompt logprobs")  # pragma: no cover
         ids = request.token_ids
         return [float(entries[i][ids[i]].logprob) for i in range(request.start, len(ids))]
+
+    def _lora_for(self, adapter: str | None) -> Any:
+        """The loaded LoRA a request names (None: the base model), once the engine can take requests."""
+        if not self.ready:
+            raise EngineNotReadyError("the engine is not running (still loading, or closed)")
+        if self._asleep:
+            raise EngineNotReadyError("the engine is asleep while the trainer steps; retry in a moment")
+        lora = self._loras.get(adapter) if adapter is not None else None
+        if adapter is not None and lora is None:
+            raise ModelNotFoundError(f"adapter {adapter!r} is not loaded; loaded: {sorted(self._loras)}")
+        return lora
+
+    @contextlib.asynccontextmanager
+    async def _serving(self, lora: Any) -> AsyncIterator[None]:
+        """A request of ``lora`` (None: the base model) in flight: a retired adapter is dropped once none is."""
+        lora_id = lora.request.lora_int_id if lora is not None else 0
+        self._running[lora_id] += 1
+        try:
+            yield
+        finally:
+            self._running[lora_id] -= 1
+            await self._drop_retired()
 
     def _sampling_params(self, request: GenerationRequest, kind: Any) -> Any:
         from vllm import SamplingParams as VLLMSamplingParams
