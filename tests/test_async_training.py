@@ -379,3 +379,30 @@ def test_a_ctrl_c_during_the_hand_over_still_cancels_the_coroutine() -> None:
     finally:
         del loop.call_soon_threadsafe  # the class's method again
     assert cancelled.wait(30), "the coroutine kept running after Ctrl-C"
+
+
+async def test_create_agent_learns_from_a_teacher_with_dynamic_sampling_inside_a_running_loop(
+    backend: art.LocalBackend,
+) -> None:
+    """A privileged teacher and dynamic sampling on a graph we did not write (create_agent's async model node),
+    awaited in a running loop: a reward that cannot tell the runs apart (every group uniform) samples the further
+    scenario each step, and the teacher, shown a hint, still trains every step."""
+    from langchain.agents import create_agent
+
+    model = model_for(backend, "taught-agent")
+    llm = art.ChatART(model=model, temperature=1.0, max_tokens=8)
+    graph = create_agent(model=llm, tools=[get_weather], system_prompt="Answer with numbers.")
+
+    def hinted(scenario: dict[str, Any], messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [*messages[:-1], {**messages[-1], "content": f"{messages[-1]['content']} (Hint: 42.)"}]
+
+    same = art.reward(lambda state: 1.0, name="same")
+    teacher = art.Teacher(model="base", prompt=hinted)
+    trainer = art.Trainer(graph, model, rewards=[same], num_generations=4, config=CONFIG, teacher=teacher,
+                          dynamic_sampling=1)  # fmt: skip
+    history = await trainer.atrain(SCENARIOS, steps=2, progress=False)
+    assert_trained(history, 2)  # uniform groups, yet every step updates: the teacher's term
+    assert all(m["dynamic_sampling/uniform_groups"] == 1 and m["dynamic_sampling/extra_groups"] == 1 for m in history)
+    assert all(m["train/teacher/tokens"] > 0 and m["train/teacher/advantage_share"] == 1.0 for m in history)
+    runs = [t for t in backend.store(model).trajectories(status="ok") if t.metadata["training_run"] == trainer.run_id]
+    assert len(runs) == 16 and all("Hint: 42." in str(turn.teacher_messages) for t in runs for turn in t.turns())
