@@ -181,12 +181,19 @@ class GRPOConfig(BaseModel):
         "threshold (train/mismatch/beyond_cap).",
     )
 
-    teacher_model: Literal["base", "policy"] | None = Field(
+    teacher_model: str | None = Field(
         default=None,
         description="On-policy distillation: a teacher scores every sampled token and the reverse KL to it is a "
         "per-token advantage (docs/guides/distillation.md). base: the base model (the LoRA off); policy: the policy "
-        "itself (self-distillation, useful with a privileged prompt: Trainer(teacher=art.Teacher(prompt=...))); "
-        "None: no teacher.",
+        "itself (self-distillation, useful with a privileged prompt: Trainer(teacher=art.Teacher(prompt=...))); any "
+        "other name: a model the service serves with the student's tokenizer ('project/name@step', a loaded "
+        "adapter), or the model of that name at teacher_base_url; None: no teacher.",
+    )
+    teacher_base_url: str | None = Field(
+        default=None,
+        description="The OpenAI-compatible server (http://host:port/v1) that serves teacher_model and scores token "
+        "ids (POST /v1/completions with prompt_logprobs: langgraph-art serve, or vLLM at temperature 1); None: the "
+        "service that trains the policy.",
     )
     teacher_kl_coef: float = Field(
         default=1.0,
@@ -246,9 +253,25 @@ class GRPOConfig(BaseModel):
             problems.append(
                 f"teacher_kl_coef={self.teacher_kl_coef}: the teacher's weight must be a finite value >= 0 (e.g. 1.0)"
             )
+        if self.teacher_model is not None and not self.teacher_model.strip():
+            problems.append("teacher_model='': name the teacher ('base', 'policy' or a served model), or None")
+        if self.teacher_base_url is not None:
+            if not self.teacher_is_served:
+                problems.append(
+                    f"teacher_base_url={self.teacher_base_url!r} with teacher_model={self.teacher_model!r}: name the "
+                    "model that server serves (the base model and the policy are the trainer's own)"
+                )
+            if not self.teacher_base_url.startswith(("http://", "https://")):
+                problems.append(f"teacher_base_url={self.teacher_base_url!r}: give the server's http(s)://.../v1 URL")
         if problems:
             raise ConfigError("invalid GRPOConfig: " + "; ".join(problems))
         return self
+
+    @property
+    def teacher_is_served(self) -> bool:
+        """True when the teacher is a model the trainer does not hold: its logprobs come from a server (the
+        service's engine or ``teacher_base_url``), stored on each turn before the step (``Turn.teacher_logprobs``)."""
+        return self.teacher_model is not None and self.teacher_model not in ("base", "policy")
 
 
 def config_error(error: ValidationError, model: type[BaseModel]) -> ConfigError:

@@ -526,7 +526,8 @@ def _with_teacher(config: GRPOConfig, teacher: Teacher | None) -> GRPOConfig:
             f"GRPOConfig(teacher_model={config.teacher_model!r}) and Teacher(model={teacher.model!r}) differ: "
             "name the teacher in one place"
         )
-    return config.model_copy(update={"teacher_model": teacher.model, "teacher_kl_coef": teacher.kl_coef})
+    update = {"teacher_model": teacher.model, "teacher_kl_coef": teacher.kl_coef, "teacher_base_url": teacher.base_url}
+    return config.model_copy(update=update)  # validated: a base_url must be a server's URL
 
 
 def _check_eval(scenarios: Any, every: Any, generations: Any, rewards: Any) -> None:

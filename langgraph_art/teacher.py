@@ -3,17 +3,20 @@ reverse KL to it is a per-token advantage beside the reward's (``train/distillat
 docs/guides/distillation.md).
 
 The teacher is a model the trainer holds (``GRPOConfig.teacher_model``): the base model (the LoRA off) or the policy
-itself before the step's update. Either is a better policy than the student when it is shown what the student is
-not: ``prompt(scenario, messages)`` rewrites the messages the teacher sees for each of a run's calls (the reference
-answer, the relevant document, a hint from feedback): self-distillation with privileged information. The rewritten
-messages are kept on each turn (``Turn.teacher_messages``) and stored with the run.
+itself before the step's update; or a model a server serves with the student's tokenizer: a checkpoint of a policy
+(``"project/name@step"``), an adapter loaded into the service, or another model on another server (``base_url``),
+whose logprobs the service fetches before each step (``backends/teacher_scoring.py``). Each is a better policy than
+the student when it is larger, or when it is shown what the student is not: ``prompt(scenario, messages)`` rewrites
+the messages the teacher sees for each of a run's calls (the reference answer, the relevant document, a hint from
+feedback): self-distillation with privileged information. The rewritten messages are kept on each turn
+(``Turn.teacher_messages``) and stored with the run.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from langgraph_art.errors import ConfigError
 from langgraph_art.types import TrajectoryGroup
@@ -25,11 +28,16 @@ PrivilegedPrompt = Callable[[Mapping[str, Any], list[dict[str, Any]]], list[dict
 class Teacher:
     """Args:
     model: ``"base"``: the base model, the LoRA off; ``"policy"``: the policy as it is before each update
-        (self-distillation: worth it with a ``prompt`` that shows it more than the student sees).
+        (self-distillation: worth it with a ``prompt`` that shows it more than the student sees); another name: a
+        model served with the student's tokenizer, by the service that trains (``"project/name@step"``, a loaded
+        adapter) or by ``base_url``'s server.
     prompt: ``prompt(scenario, messages) -> messages``: what the teacher sees in place of each call's messages
         (OpenAI-style dicts, as ``Turn.messages``); None: the call's own prompt.
     kl_coef: The weight of the teacher's per-token advantage, ``(teacher - sampler)`` logprob, beside the
         reward's group advantage (``GRPOConfig.teacher_kl_coef``).
+    base_url: The OpenAI-compatible server (``http://host:port/v1``) serving ``model`` and scoring token ids
+        (``POST /v1/completions`` with ``prompt_logprobs``: ``langgraph-art serve``, or vLLM at temperature 1).
+        Its tokenizer must be the student's: a mismatch is a ConfigError naming both.
 
     Example:
         ```python
@@ -40,15 +48,21 @@ class Teacher:
         ```
     """
 
-    model: Literal["base", "policy"] = "base"
+    model: str = "base"
     prompt: PrivilegedPrompt | None = None
     kl_coef: float = 1.0
+    base_url: str | None = None
 
     def __post_init__(self) -> None:
-        if self.model not in ("base", "policy"):
+        if not isinstance(self.model, str) or not self.model.strip():
             raise ConfigError(
-                f"Teacher(model={self.model!r}): use 'base' (the base model, the LoRA off) or 'policy' (the policy "
-                "itself, with a privileged prompt)"
+                f"Teacher(model={self.model!r}): use 'base' (the base model, the LoRA off), 'policy' (the policy "
+                "itself, with a privileged prompt) or the name of a served model ('project/name@step')"
+            )
+        if self.base_url is not None and self.model in ("base", "policy"):
+            raise ConfigError(
+                f"Teacher(model={self.model!r}, base_url={self.base_url!r}): name the model that server serves; "
+                "'base' and 'policy' are the trainer's own"
             )
         if self.model == "policy" and self.prompt is None:
             raise ConfigError(

@@ -69,7 +69,9 @@ class Turn(BaseModel):
     free text; the trainer recomputes the logprobs under the same mask. ``closing_tokens``: the last that many
     ``token_ids`` were chosen by the server to complete a structure ``max_tokens`` cut short (never trained on).
     ``teacher_messages``: what a teacher sees in place of ``messages`` when it scores this turn's tokens (a
-    privileged prompt, ``Teacher(prompt=...)``); None: the turn's own prompt.
+    privileged prompt, ``Teacher(prompt=...)``); None: the turn's own prompt. ``teacher_logprobs``: a served
+    teacher's logprob of each of ``token_ids`` (``GRPOConfig.teacher_is_served``), written by the service before the
+    step that trains on the turn.
     """
 
     id: str
@@ -98,6 +100,7 @@ class Turn(BaseModel):
     attribution: Literal["callback", "metadata", "time"] = "callback"
     error: str | None = None
     teacher_messages: list[dict[str, Any]] | None = None
+    teacher_logprobs: list[float] | None = None
 
     @property
     def has_tokens(self) -> bool:

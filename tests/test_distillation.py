@@ -53,9 +53,9 @@ def test_the_config_and_the_teacher_check_their_values() -> None:
     with pytest.raises(ConfigError, match=r"teacher_kl_coef=-1\.0"):
         GRPOConfig(teacher_kl_coef=-1.0)
     with pytest.raises(ConfigError, match="teacher_model="):
-        GRPOConfig(teacher_model="gpt")  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match=r"Teacher\(model='big'\): use 'base'"):
-        art.Teacher(model="big")  # type: ignore[arg-type]
+        GRPOConfig(teacher_model=7)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"Teacher\(model=None\): use 'base'"):
+        art.Teacher(model=None)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"Teacher\(prompt=...\) must be a function"):
         art.Teacher(prompt="be smart")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"Teacher\(model='policy'\) without a prompt .* teaches nothing"):

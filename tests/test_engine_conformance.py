@@ -341,6 +341,32 @@ def test_scoring_given_tokens_is_the_trainers_forward_pass_in_process_and_over_h
     assert max_gap([next(iter(e.values()))["logprob"] for e in entries[len(ids) :]], in_process) < 1e-6
 
 
+def test_a_served_teacher_scores_a_students_turns_in_process_as_over_http(server: Any, reference: Any, lora: Path):
+    """The service's teacher scoring (``backends.teacher_scoring.ServedTeacher``, what a step with
+    ``teacher_model='lora@1'`` runs before the trainer): a student's turn scored by the engine in process equals the
+    trainer's forward pass, and the same scoring through another server's HTTP route (here, this one's) equals it."""
+    import copy
+
+    from langgraph_art.backends.teacher_scoring import ServedTeacher
+    from langgraph_art.config import GRPOConfig
+    from langgraph_art.types import NodeSpan, Trajectory, TrajectoryGroup, Turn
+
+    ids = prompt(server, WEATHER_PROMPTS[2], [WEATHER_TOOL])
+    sampled = generate(server, ids, max_tokens=16, seed=7, temperature=1.0).samples[0]  # the base model's sample
+    turn = Turn(id="t", messages=[{"role": "user", "content": WEATHER_PROMPTS[2]}], prompt_token_ids=ids,
+                token_ids=sampled.token_ids, logprobs=sampled.logprobs, params={"temperature": 1.0})  # fmt: skip
+    run = Trajectory(id="r", status="ok", reward=1.0, spans=[NodeSpan(id="s", name="agent", turns=[turn])])
+    group = TrajectoryGroup(id="g", trajectories=[run])
+    remote = copy.deepcopy(group)
+    teacher = ServedTeacher(server.engine, lambda: server.app.state.loop)
+    teacher([group], GRPOConfig(teacher_model="lora@1"))
+    trainer = trainer_logprobs(adapted(reference, lora), ids, sampled.token_ids, 1.0)
+    assert turn.teacher_logprobs is not None and max_gap(turn.teacher_logprobs, trainer) < 1e-4
+    teacher([remote], GRPOConfig(teacher_model="lora@1", teacher_base_url=server.base_url))
+    over_http = remote.trajectories[0].spans[0].turns[0].teacher_logprobs
+    assert over_http is not None and max_gap(over_http, turn.teacher_logprobs) < 1e-6
+
+
 def test_adapter_changes_outputs_then_unload_gives_base_back(server: Any, reference: Any, lora: Path) -> None:
     ids = prompt(server, WEATHER_PROMPTS[1], [WEATHER_TOOL])
     base = generate(server, ids, temperature=0, max_tokens=40)

@@ -90,6 +90,7 @@ def build_service(
     app = create_app(built, api_key=api_key, adapter_roots=[home, *adapter_roots])
     if not train:
         return Service(built, app, None)
+    from langgraph_art.backends.teacher_scoring import ServedTeacher
     from langgraph_art.serve.routes.training import training_router
     from langgraph_art.train.factory import trainer_factory as default_factory
     from langgraph_art.train.policies import PolicyRegistry
@@ -99,7 +100,8 @@ def build_service(
         return offered
 
     factory = trainer_factory or default_factory(training, shared=shared, ranks=ranks)
+    teacher = ServedTeacher(built, lambda: getattr(app.state, "loop", None), lambda: app.state.policies)
     policies = PolicyRegistry(os.fspath(model), home, device=device, max_trainers=max_trainers,
-                              trainer_factory=factory, chat_template=chat_template)  # fmt: skip
+                              trainer_factory=factory, chat_template=chat_template, score_teacher=teacher)  # fmt: skip
     app.include_router(training_router(built, policies, keep_loaded=keep_loaded))
     return Service(built, app, policies, ranks if training.torchrun else None)

@@ -53,7 +53,8 @@ def create_app(
             state["error"] = f"{type(exc).__name__}: {exc}"
 
     @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.loop = asyncio.get_running_loop()  # where the engine is used (a trainer thread's requests go here)
         task = asyncio.create_task(load())
         try:
             yield

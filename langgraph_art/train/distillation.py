@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from langgraph_art.types import Turn
+
 
 def reverse_kl_advantages(
     advantage: float, sampler: Sequence[float], teacher: Sequence[float], coef: float
@@ -46,3 +48,20 @@ def teacher_metrics(
         "train/teacher/tokens": float(len(sampler)),
         "train/teacher/seconds": seconds,
     }
+
+
+def served_logprobs(turn: Turn, teacher: str | None) -> list[float]:
+    """A served teacher's logprobs [n] of the turn's n sampled tokens, as the service wrote them on the turn before
+    the step (``Turn.teacher_logprobs``); ValueError naming the turn when they are missing or of another length."""
+    logprobs = turn.teacher_logprobs
+    if logprobs is None:
+        raise ValueError(
+            f"turn {turn.id} carries no logprobs of the served teacher {teacher!r}: the service that trains scores "
+            "each turn before the step (PolicyRegistry(score_teacher=...), as build_service makes it); a trainer "
+            "used on its own holds only teacher_model='base' or 'policy'"
+        )
+    if len(logprobs) != len(turn.token_ids):
+        raise ValueError(
+            f"turn {turn.id}: the served teacher {teacher!r} scored {len(logprobs)} tokens of {len(turn.token_ids)}"
+        )
+    return list(logprobs)

@@ -10,6 +10,9 @@ used idle one, whose state is already in its latest checkpoint (written after ev
 step leaves the weights as they were); when all are busy,
 ``ServiceBusyError``. Thread-safe; one step at a time per policy.
 
+A served teacher (``GRPOConfig.teacher_is_served``) scores each step's turns before the trainer sees them, through
+the ``score_teacher`` the registry was given (the service's engine, or another server).
+
 Serving a checkpoint is the caller's part: ``step``/``warmup`` return the checkpoint folder to publish as
 ``name@step`` (``serve.publish.publish``).
 """
@@ -27,7 +30,7 @@ from pathlib import Path
 
 from langgraph_art.config import GRPOConfig, check_name
 from langgraph_art.errors import ConfigError, ModelNotFoundError, ServiceBusyError
-from langgraph_art.train.protocol import PolicyTrainer, SFTExample, TrainerFactory
+from langgraph_art.train.protocol import PolicyTrainer, SFTExample, TeacherScoring, TrainerFactory
 from langgraph_art.types import StepResult, TrajectoryGroup
 
 log = logging.getLogger(__name__)
@@ -37,6 +40,7 @@ PolicyKey = tuple[str, str]  # (project, name)
 @dataclass
 class _Slot:
     trainer: PolicyTrainer | None = None
+    config: GRPOConfig | None = None  # the trainer's, as last applied (None: the defaults)
     lock: threading.Lock = field(default_factory=threading.Lock)
     users: int = 0  # callers holding or waiting for this slot: it is not dropped while > 0
 
@@ -53,15 +57,17 @@ class PolicyRegistry:
         max_trainers: int | None = None,
         trainer_factory: TrainerFactory | None = None,
         chat_template: str | None = None,
+        score_teacher: TeacherScoring | None = None,
     ) -> None:
         """``trainer_factory`` builds a policy's trainer (``train.factory.trainer_factory`` picks it for a service;
         default ``GRPOTrainer``); ``chat_template``: the engine's, so that the trainers render as the engine does;
-        ``max_trainers=None`` keeps every trainer."""
+        ``max_trainers=None`` keeps every trainer; ``score_teacher``: how a served teacher scores a step's turns
+        (None: only the trainers' own teachers, 'base' and 'policy')."""
         if max_trainers is not None and max_trainers < 1:
             raise ConfigError(f"max_trainers must be >= 1 (or None for no limit), got {max_trainers}")
         self.base_model, self.home, self.device = base_model, Path(home).resolve(), device
         self.max_trainers, self._factory = max_trainers, trainer_factory
-        self.chat_template = chat_template
+        self.chat_template, self._score_teacher = chat_template, score_teacher
         self._slots: OrderedDict[PolicyKey, _Slot] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -124,6 +130,7 @@ class PolicyRegistry:
                     slot.trainer = self._create(config, folder)
                 elif config is not None:
                     slot.trainer.update_config(config)
+                slot.config = config or slot.config
                 yield slot.trainer
         finally:
             with self._lock:
@@ -141,6 +148,14 @@ class PolicyRegistry:
     ) -> tuple[StepResult, Path | None]:
         """One GRPO step; the checkpoint folder to publish when the weights changed (else None)."""
         with self.lease(project, name, config) as trainer:
+            used = self._slots[(project, name)].config or GRPOConfig()
+            if used.teacher_is_served:
+                if self._score_teacher is None:
+                    raise ConfigError(
+                        f"teacher_model={used.teacher_model!r} is a served model, and this registry has no engine "
+                        "to score with: build it with score_teacher=... (build_service does), or use 'base'/'policy'"
+                    )
+                self._score_teacher(groups, used)
             result = trainer.step(groups)
             return result, trainer.save_checkpoint() if result.updated else None
 

@@ -64,6 +64,14 @@ class TrainerFactory(Protocol):
     ) -> PolicyTrainer: ...
 
 
+class TeacherScoring(Protocol):
+    """Writes a served teacher's logprobs on each trainable turn of ``groups`` (``Turn.teacher_logprobs``) when
+    ``config.teacher_is_served``: the teacher is a model the trainer does not hold, so the service that trains scores
+    the turns before the step (``backends.teacher_scoring.ServedTeacher``, as ``build_service`` makes it)."""
+
+    def __call__(self, groups: Sequence[TrajectoryGroup], config: GRPOConfig) -> None: ...
+
+
 class TrainerInit(TypedDict):
     """What a trainer in another process is built from (pickled to a child process, broadcast to the ranks)."""
 

@@ -48,14 +48,14 @@ from langgraph_art.train.batches import (
     micro_batches,
 )
 from langgraph_art.train.constrained import batch_grammar_masks, grammar_mass, replay_grammars
-from langgraph_art.train.distillation import teacher_metrics
+from langgraph_art.train.distillation import served_logprobs, teacher_metrics
 from langgraph_art.train.forward import PolicyForward
 from langgraph_art.train.loss import GrammarMasks, policy_loss
 from langgraph_art.train.mismatch import MISMATCH_SUMS, Mismatch, importance_weights, mismatch_metrics
 from langgraph_art.train.protocol import SFTExample
 from langgraph_art.train.ranks import RankGroup
 from langgraph_art.train.tokenize import TokenizeReport, TrainSequence, build_sequences, teacher_sequences
-from langgraph_art.types import StepResult, Trajectory, TrajectoryGroup
+from langgraph_art.types import StepResult, Trajectory, TrajectoryGroup, Turn
 
 log = logging.getLogger(__name__)
 
@@ -285,8 +285,9 @@ class GRPOTrainer:
     def _teach(self, runs: Sequence[Trajectory], advantages: Advantages) -> tuple[dict[str, list[float]], dict]:
         """The teacher's logprobs of each trainable turn's sampled tokens (by turn id), in the teacher's context
         (``tokenize.teacher_sequences``), from one no-grad forward per micro-batch with the base model
-        (``teacher_model="base"``: the LoRA off) or the policy as it is before this step's update (``"policy"``);
-        and the step's ``train/teacher/*`` metrics (``train/distillation.py``)."""
+        (``teacher_model="base"``: the LoRA off) or the policy as it is before this step's update (``"policy"``), or
+        as a served teacher wrote them on the turns (``Turn.teacher_logprobs``); and the step's ``train/teacher/*``
+        metrics (``train/distillation.py``)."""
         cfg = self.config
         started = time.perf_counter()
         scored = [r for r in runs if r.id in advantages.by_trajectory]
@@ -294,21 +295,12 @@ class GRPOTrainer:
         sequences = [sequence for _, sequence in pairs]
         if any(s.grammars for s in sequences):
             replay_grammars(sequences, self.grammars())
-        where = {id(sequence): (turn, len(sequence) - len(turn.token_ids)) for turn, sequence in pairs}
-        out: dict[str, list[float]] = {}
-        scored_tokens: dict[str, list[int]] = {}  # 1 where the teacher scored a token (0: a grammar forced it)
-        with self._lora.active(None) if cfg.teacher_model == "base" else self.adapter():
-            for batch in micro_batches(sequences, cfg.per_device_train_batch_size):
-                ids, mask, _, _, temp = batch_tensors(batch, self.tokenizer.pad_token_id, self.device)
-                first = first_trained_position(batch)
-                masks = batch_grammar_masks(batch, first, self.device)
-                trained = mask[:, first:].bool()  # the LM head runs on these positions only
-                logprobs = self._token_logprobs(ids, first, ids[:, first:], temp, masks, trained=trained)[0]
-                logprobs = logprobs.float().cpu()
-                for row, sequence in enumerate(batch):
-                    turn, start = where[id(sequence)]
-                    out[turn.id] = logprobs[row, start - first : start - first + len(turn.token_ids)].tolist()
-                    scored_tokens[turn.id] = sequence.mask[start : start + len(turn.token_ids)]
+        # 1 where the teacher's logprob counts (0: a grammar forced the token)
+        scored_tokens = {turn.id: sequence.mask[len(sequence) - len(turn.token_ids) :] for turn, sequence in pairs}
+        if cfg.teacher_is_served:
+            out = {turn.id: served_logprobs(turn, cfg.teacher_model) for turn, _ in pairs}
+        else:
+            out = self._teacher_forward(pairs)
         sampler, teacher, reward = [], [], []
         for run in scored:  # the trained tokens: the sampled ones, less those closing a structure or forced
             of_turn = advantages.of_turns(run)
@@ -320,6 +312,25 @@ class GRPOTrainer:
                 reward += [of_turn[turn.id]] * len(kept)
         seconds = time.perf_counter() - started
         return out, teacher_metrics(sampler, teacher, reward, cfg.teacher_kl_coef, seconds)
+
+    def _teacher_forward(self, pairs: list[tuple[Turn, TrainSequence]]) -> dict[str, list[float]]:
+        """The held teacher's logprobs of each turn's sampled tokens: one no-grad forward per micro-batch, under the
+        turns' grammar masks, with the LoRA off (``"base"``) or as it is before the update (``"policy"``)."""
+        cfg = self.config
+        where = {id(sequence): (turn, len(sequence) - len(turn.token_ids)) for turn, sequence in pairs}
+        out: dict[str, list[float]] = {}
+        with self._lora.active(None) if cfg.teacher_model == "base" else self.adapter():
+            for batch in micro_batches([sequence for _, sequence in pairs], cfg.per_device_train_batch_size):
+                ids, mask, _, _, temp = batch_tensors(batch, self.tokenizer.pad_token_id, self.device)
+                first = first_trained_position(batch)
+                masks = batch_grammar_masks(batch, first, self.device)
+                trained = mask[:, first:].bool()  # the LM head runs on these positions only
+                logprobs = self._token_logprobs(ids, first, ids[:, first:], temp, masks, trained=trained)[0]
+                logprobs = logprobs.float().cpu()
+                for row, sequence in enumerate(batch):
+                    turn, start = where[id(sequence)]
+                    out[turn.id] = logprobs[row, start - first : start - first + len(turn.token_ids)].tolist()
+        return out
 
     def _accumulate(
         self, batches: list[list[TrainSequence]], sequences: list[TrainSequence], total_tokens: int,
