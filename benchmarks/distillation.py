@@ -1,19 +1,27 @@
-"""Self-distillation with the answer in the teacher's prompt against GRPO alone, on the demo's task (issue 37).
+"""Self-distillation with the answer in the teacher's prompt against GRPO alone (issue 37).
 
     python benchmarks/distillation.py --arms grpo distill --seeds 0 1 2 [--steps 14] [--eval-every 7]
+    python benchmarks/distillation.py --task bfcl --arms distill-base --steps 15 --eval-every 5
+    python benchmarks/distillation.py --task email --arms distill-base --steps 8 --eval-every 4
 
-Each run is ``run_demo`` (``langgraph_art/demos/units.py``: SmolLM2-135M-Instruct, a forced ``convert`` call, 40
-held-out questions in phrasings never trained on) in a fresh home, evaluated before the first step, every
-``--eval-every`` steps and after the last. ``grpo`` is the library's defaults (the GRPO recipe); ``distill`` adds
-``art.Teacher(model="policy", prompt=answer_hint, kl_coef=K)``: the policy itself, shown the call that answers the
-question (``units.answer_hint``), scores each sampled token, and the reverse KL to it is a per-token advantage
-beside the reward's (``distill-base``: the base model as that teacher). ``dynamic``: GRPO with
+``--task demo`` (the default): each run is ``run_demo`` (``langgraph_art/demos/units.py``: SmolLM2-135M-Instruct, a
+forced ``convert`` call, 40 held-out questions in phrasings never trained on) in a fresh home, evaluated before the
+first step, every ``--eval-every`` steps and after the last. ``grpo`` is the library's defaults (the GRPO recipe);
+``distill`` adds ``art.Teacher(model="policy", prompt=answer_hint, kl_coef=K)``: the policy itself, shown the call
+that answers the question (``units.answer_hint``), scores each sampled token, and the reverse KL to it is a per-token
+advantage beside the reward's (``distill-base``: the base model as that teacher). ``dynamic``: GRPO with
 ``Trainer(dynamic_sampling=2)``, up to 2 further scenarios a step in place of groups whose runs all scored the same
 (their tokens count). Sampling costs the same per step in the GRPO and teacher arms (the teacher's forward is a
 trainer-side cost, ``train/teacher/seconds``), so sampled tokens are counted from the runs
 (``rollout/sampled_tokens``). It prints per run the held-out share of arguments right at each evaluation with the
 sampled tokens so far, the mean ``train/teacher/kl`` and the seconds; then each arm's mean per evaluation and spread
 over the seeds. Rows are merged into ``benchmarks/distillation.json``.
+
+``--task bfcl``: ``examples/function_calling.py`` (BFCL ``simple_python``, its GRPO recipe, 80 held-out cases scored
+by BFCL's accuracy) with ``--teacher`` and ``--dynamic-sampling`` per arm; its teacher is shown the case's reference
+call (``function_calling.answer_hint``). ``--task email``: ``examples/email_agent.py`` (search, read, answer on
+SmolLM2-135M; 10 held-out questions x 4 runs, scored by the fact in the answer), its teacher shown the relevant facts
+(``email_agent.relevant_facts``: the search that finds the email, its id and the fact).
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,54 +38,74 @@ from typing import Any
 RESULTS = Path(__file__).with_name("distillation.json")
 
 
-def run_one(arm: str, seed: int, steps: int, eval_every: int, kl_coef: float) -> dict[str, Any]:
-    import langgraph_art as art
-    from langgraph_art.demos.units import answer_hint, run_demo
-
-    teacher = None
-    if arm.startswith("distill"):
-        teacher = art.Teacher(model="base" if arm == "distill-base" else "policy", prompt=answer_hint, kl_coef=kl_coef)
+def run_one(task: str, arm: str, seed: int, steps: int, eval_every: int, kl_coef: float) -> dict[str, Any]:
+    teacher_model = None if not arm.startswith("distill") else "base" if arm == "distill-base" else "policy"
+    started = time.perf_counter()
+    score = "eval/reward/mean"  # the held-out share right (the demo, BFCL: their one evaluation reward)
     with tempfile.TemporaryDirectory() as home:
-        result = run_demo(home=home, seed=seed, steps=steps, teacher=teacher, eval_every=eval_every,
-                          dynamic_sampling=2 if arm == "dynamic" else 0, echo=lambda *_: None)  # fmt: skip
+        argv = ["--seed", str(seed), "--home", home, "--steps", str(steps), "--eval-every", str(eval_every),
+                "--teacher", teacher_model or "none", "--kl-coef", str(kl_coef)]  # fmt: skip
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+        if task == "bfcl":
+            import function_calling
+
+            argv += ["--dynamic-sampling", "2" if arm == "dynamic" else "0"]
+            result = function_calling.main(argv, echo=lambda *_: None)
+        elif task == "email":
+            import email_agent
+
+            result = email_agent.main(argv, echo=lambda *_: None)
+            score = "eval/reward/correct_answer"  # the fact in the answer (its other evaluation rewards weigh 0)
+        else:
+            import langgraph_art as art
+            from langgraph_art.demos.units import answer_hint, run_demo
+
+            teacher = None if teacher_model is None else art.Teacher(teacher_model, answer_hint, kl_coef)  # type: ignore[arg-type]
+            result = run_demo(home=home, seed=seed, steps=steps, teacher=teacher, eval_every=eval_every,
+                              dynamic_sampling=2 if arm == "dynamic" else 0, echo=lambda *_: None)  # fmt: skip
     history = result["history"]
     tokens = [0.0]
     for m in history:
         tokens.append(tokens[-1] + m["rollout/sampled_tokens"])
-    evals = [(int(e["iteration"]), e["eval/reward/mean"], tokens[min(int(e["iteration"]), len(history))])
+    evals = [(int(e["iteration"]), e[score], tokens[min(int(e["iteration"]), len(history))])
              for e in result["evals"]]  # fmt: skip
     kls = [m["train/teacher/kl"] for m in history if "train/teacher/kl" in m]
     return {
+        "task": task,
         "arm": arm,
         "seed": seed,
         "steps": steps,
-        "kl_coef": kl_coef if teacher else None,
+        "kl_coef": kl_coef if teacher_model else None,
         "evals": evals,  # (iteration, held-out share right, sampled tokens so far)
         "teacher_kl": statistics.fmean(kls) if kls else None,
         "updated": sum(1 for m in history if m.get("train/updated")),
-        "seconds": result["seconds"],
+        "seconds": time.perf_counter() - started,
         "date": time.strftime("%Y-%m-%d %H:%M"),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--task", choices=["demo", "bfcl", "email"], default="demo")
     parser.add_argument("--arms", nargs="+", default=["grpo", "distill"])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=14)
     parser.add_argument("--eval-every", type=int, default=7)
     parser.add_argument("--kl-coef", type=float, default=1.0)
     args = parser.parse_args()
-    print(f"the demo's task, {args.steps} steps, held-out evaluation every {args.eval_every}")
+    print(f"{args.task}, {args.steps} steps, held-out evaluation every {args.eval_every}")
     print("| arm | seed | held-out (sampled tokens so far) | teacher kl | updated | s |\n|---|---:|---|---:|---:|---:|")
     rows = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
     fresh = []
     for seed in args.seeds:
         for arm in args.arms:
-            row = run_one(arm, seed, args.steps, args.eval_every, args.kl_coef)
+            row = run_one(args.task, arm, seed, args.steps, args.eval_every, args.kl_coef)
             fresh.append(row)
-            key = (arm, seed, args.steps, row["kl_coef"])
-            rows = [r for r in rows if (r["arm"], r["seed"], r["steps"], r.get("kl_coef")) != key] + [row]
+            key = (args.task, arm, seed, args.steps, row["kl_coef"])
+            rows = [
+                r for r in rows if (r.get("task", "demo"), r["arm"], r["seed"], r["steps"], r.get("kl_coef")) != key
+            ]
+            rows.append(row)
             RESULTS.write_text(json.dumps(rows, indent=1) + "\n")
             shown = " -> ".join(f"{share:.3f} ({tokens / 1000:.1f}k)" for _, share, tokens in row["evals"])
             kl = "-" if row["teacher_kl"] is None else f"{row['teacher_kl']:.3f}"

@@ -17,6 +17,11 @@ on 3 seeds: benchmarks/README.md.
 
     python examples/email_agent.py                   # SmolLM2-135M, offline; seeds and numbers: benchmarks/README.md
     python examples/email_agent.py --judge openai:gpt-4.1-mini   # adds a RULER judge (network and a key)
+    python examples/email_agent.py --teacher base    # distilled from the base model told where the fact is
+
+``--teacher`` adds on-policy distillation (docs/guides/distillation.md): the teacher sees each call with the relevant
+facts added to the question (``relevant_facts``: the email that holds the answer, the words that find it and the
+fact itself) and scores every token the agent sampled.
 """
 
 from __future__ import annotations
@@ -28,7 +33,16 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
-from harness import THREADS_OPTION, held_out_trainer, parse_args, report, trainable_model, use_threads
+from harness import (
+    TEACHER_OPTIONS,
+    THREADS_OPTION,
+    held_out_trainer,
+    parse_args,
+    report,
+    teacher_from,
+    trainable_model,
+    use_threads,
+)
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.tools import tool
 from langgraph.graph import END, START, MessagesState, StateGraph
@@ -141,6 +155,16 @@ def worked_example(tools: dict[str, Any], example: dict[str, Any]) -> list[Any]:
 def scenarios(questions: list[dict[str, Any]], example: list[Any]) -> list[dict[str, Any]]:
     """Each question as a scenario whose ``input`` is the system prompt, the worked example and the question."""
     return [{**q, "input": {"messages": [("system", SYSTEM), *example, ("user", q["question"])]}} for q in questions]
+
+
+def relevant_facts(scenario: dict[str, Any], messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A privileged prompt for a teacher (``art.Teacher(prompt=relevant_facts)``): the question with what the agent
+    has to find: the email holding the answer, the search that finds it and the fact."""
+    hint = (f" (Search {scenario['keywords']!r}: email {scenario['email_id']} holds the answer, "
+            f"{scenario['fact']}.)")  # fmt: skip
+    last = max(i for i, m in enumerate(messages) if m.get("role") == "user")
+    return [*messages[:last], {**messages[last], "content": f"{messages[last].get('content', '')}{hint}"},
+            *messages[last + 1 :]]  # fmt: skip
 
 
 def turns_since_question(messages: list[Any]) -> int:
@@ -265,6 +289,7 @@ OPTIONS = [
     ("--eval-generations", {"type": int, "default": 4, "help": "runs per held-out question"}),
     ("--eval-every", {"type": int, "default": None,
                       "help": "steps between held-out evaluations (default: before the first and after the last)"}),
+    *TEACHER_OPTIONS,
     THREADS_OPTION,
 ]  # fmt: skip
 
@@ -283,7 +308,8 @@ def main(argv: list[str] | None = None, *, echo: Any = print) -> dict[str, Any]:
         rewards.append(art.RulerJudge(judge, cache=False, on_error="skip", weight=0.5))
     with trainable_model(args, f"email-agent-{args.seed}", "examples") as (model, llm):
         graph = build_graph(llm, tools)
-        trainer = held_out_trainer(graph, model, args, rewards=rewards, held_out=held_out, eval_rewards=EVAL_REWARDS)
+        trainer = held_out_trainer(graph, model, args, rewards=rewards, held_out=held_out, eval_rewards=EVAL_REWARDS,
+                                   teacher=teacher_from(args, relevant_facts))  # fmt: skip
         history = trainer.train(train, steps=args.steps)
         summary = report(trainer, history, echo=echo, shown="a held-out run")
         summary["held_out"] = held_out_summary(trainer)

@@ -10,6 +10,12 @@ reimplements its AST checker's rules). The model is SmolLM2-135M-Instruct, offli
 
     python examples/function_calling.py                      # defaults: the numbers in benchmarks/README.md
     python examples/function_calling.py --steps 2 --eval-cases 8    # a quick look
+    python examples/function_calling.py --teacher base              # distilled from the base model told the answer
+
+``--teacher base`` (or ``policy``, or a served model's name) adds on-policy distillation (docs/guides/distillation.md):
+the teacher is shown the case's reference call (``answer_hint``) and scores each token the student sampled; the
+reverse KL to it is a per-token advantage beside the reward's, weighted by ``--kl-coef``. ``--dynamic-sampling N``
+samples up to N further cases a step in place of groups whose runs all scored the same.
 """
 
 from __future__ import annotations
@@ -19,7 +25,16 @@ import random
 from typing import Annotated, Any, TypedDict
 
 import bfcl
-from harness import THREADS_OPTION, grpo_config, parse_args, report, trainable_model, use_threads
+from harness import (
+    TEACHER_OPTIONS,
+    THREADS_OPTION,
+    grpo_config,
+    parse_args,
+    report,
+    teacher_from,
+    trainable_model,
+    use_threads,
+)
 from langchain_core.messages import AnyMessage
 from langgraph.graph import START, StateGraph
 from langgraph.graph.message import add_messages
@@ -67,6 +82,24 @@ def check(state: dict[str, Any], scenario: dict[str, Any]) -> bfcl.Check:
     return bfcl.check_call(case, calls[0]["name"], calls[0]["args"])
 
 
+def reference_call(scenario: dict[str, Any]) -> str:
+    """The case's first reference answer as the JSON call the schema decodes: each parameter's first allowed value
+    (a parameter whose only allowed value is "" may be left out, and is)."""
+    (name, parameters), *_ = scenario["answers"][0].items()
+    arguments = {
+        key: next(v for v in values if v != "") for key, values in parameters.items() if any(v != "" for v in values)
+    }
+    return f"{bfcl.tool_name(name)}({json.dumps(arguments)})"
+
+
+def answer_hint(scenario: dict[str, Any], messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A privileged prompt for the teacher (``art.Teacher(prompt=answer_hint)``): the question, followed by the call
+    that answers it."""
+    last = max(i for i, m in enumerate(messages) if m.get("role") == "user")
+    told = {**messages[last], "content": f"{messages[last].get('content', '')} (The call: {reference_call(scenario)}.)"}
+    return [*messages[:last], told, *messages[last + 1 :]]
+
+
 @art.reward
 def arguments_right(state, scenario) -> float:
     """Partial credit: the share of BFCL's checks the call passes."""
@@ -94,12 +127,15 @@ def main(argv: list[str] | None = None, *, echo: Any = print) -> dict[str, Any]:
         options=[
             ("--eval-cases", {"type": int, "default": 80, "help": "held-out cases evaluated (of 80)"}),
             ("--eval-every", {"type": int, "default": 10, "help": "steps between held-out evaluations"}),
+            *TEACHER_OPTIONS,
+            ("--dynamic-sampling", {"type": int, "default": 0, "help": "further cases a step for uniform groups"}),
             THREADS_OPTION,
         ],
     )
     use_threads(args)
     train, held_out = bfcl.split(bfcl.load("simple_python"))
     random.Random(args.seed).shuffle(train)  # each seed its own order of the training cases
+    teacher = teacher_from(args, answer_hint)
     with trainable_model(args, f"bfcl-simple-{args.seed}", "examples") as (model, llm):
         trainer = art.Trainer(
             build_graph(llm),
@@ -113,6 +149,8 @@ def main(argv: list[str] | None = None, *, echo: Any = print) -> dict[str, Any]:
             eval_generations=1,
             eval_every=args.eval_every,
             max_concurrency=64,
+            teacher=teacher,
+            dynamic_sampling=args.dynamic_sampling,
         )
         history = trainer.train(scenarios(train), steps=args.steps)
         summary = report(trainer, history, echo=echo, shown="a held-out case")

@@ -55,6 +55,16 @@ def parse_args(
 
 
 THREADS_OPTION = ("--threads", {"type": int, "default": None, "help": "torch threads (default: every core)"})
+TEACHER_OPTIONS = [
+    ("--teacher", {"default": "none", "help": "distil from this model shown the example's privileged prompt: 'base', "
+                   "'policy' or a served model's name (none: GRPO alone; docs/guides/distillation.md)"}),
+    ("--kl-coef", {"type": float, "default": 1.0, "help": "the teacher's weight beside the reward's"}),
+]  # fmt: skip
+
+
+def teacher_from(args: argparse.Namespace, prompt: Any) -> art.Teacher | None:
+    """``--teacher``/``--kl-coef`` as an ``art.Teacher`` shown ``prompt(scenario, messages)``; None for 'none'."""
+    return None if args.teacher == "none" else art.Teacher(args.teacher, prompt=prompt, kl_coef=args.kl_coef)
 
 
 def use_threads(args: argparse.Namespace) -> None:
@@ -90,9 +100,11 @@ def held_out_trainer(
     rewards: list[Any],
     held_out: list[Any],
     eval_rewards: list[Any],
+    teacher: art.Teacher | None = None,
 ) -> art.Trainer:
     """A ``Trainer`` with the shared options (``--num-generations``, ``--scenarios-per-step``, the GRPO options,
-    ``--eval-every``, ``--eval-generations``) and a held-out evaluation on ``held_out``, scored by ``eval_rewards``."""
+    ``--eval-every``, ``--eval-generations``) and a held-out evaluation on ``held_out``, scored by ``eval_rewards``;
+    ``teacher``: on-policy distillation (``teacher_from``)."""
     return art.Trainer(
         graph,
         model,
@@ -104,6 +116,7 @@ def held_out_trainer(
         eval_every=args.eval_every,
         eval_generations=args.eval_generations,
         eval_rewards=eval_rewards,
+        teacher=teacher,
     )
 
 
@@ -127,4 +140,5 @@ def report(trainer: art.Trainer, history: list[dict], *, echo: Any = print, show
     runs = trainer.store.trajectories(split="eval", step=trainer.evals[-1]["policy_step"]) if trainer.evals else []
     if runs:
         echo(f"{shown} after training (reward {runs[0].reward or 0:.2f}):\n{render_transcript(runs[0])}")
-    return {"curve": curve, "evals": trainer.evals, "run_dir": run_dir, "last_run": runs[0] if runs else None}
+    return {"curve": curve, "evals": trainer.evals, "run_dir": run_dir, "last_run": runs[0] if runs else None,
+            "history": history}  # fmt: skip

@@ -444,3 +444,25 @@ def test_a_real_trainer_trains_on_the_branch_groups(tmp_path: Path, tokenizer: A
     # the update moved the LoRA: peft starts lora_B at zero, the step-1 checkpoint's is not
     b_weights = [w for name, w in lora.items() if "lora_B" in name]
     assert b_weights and any(w.abs().max() > 0 for w in b_weights)
+
+
+@pytest.mark.integration
+def test_a_teacher_scores_the_branch_groups_continuations_too(tmp_path: Path) -> None:
+    """With branching and a privileged teacher, the continuations' turns are shown the scenario's hint (a branch
+    group keeps its scenario) and scored with the whole runs' turns: the teacher scored every trained token."""
+
+    def hint(scenario: dict[str, Any], messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{"role": "system", "content": f"Greet back: {scenario['id']}."}, *messages]
+
+    with art.LocalBackend(home=tmp_path) as backend:
+        model = art.TrainableModel(name="taught", project="branching").register(backend)
+        llm = art.ChatART(model=model, temperature=1.0, max_tokens=16)
+        trainer = art.Trainer(two_decisions_graph(llm), model, rewards=[visible_characters], num_generations=2,
+                              branching=Branching(groups_per_step=2, num_generations=4, seed=0), langfuse=False,
+                              teacher=art.Teacher(model="policy", prompt=hint))  # fmt: skip
+        metrics = trainer.train_step([{"id": "hi", "input": {"messages": [("user", "Hello!")]}}])
+        runs = trainer.store.trajectories()
+    assert metrics["branch/runs"] == 8 and metrics["train/updated"] == 1
+    assert metrics["train/teacher/tokens"] == metrics["train/tokens"] > 0  # free text: every trained token scored
+    turns = [turn for run in runs for turn in run.trainable_turns()]
+    assert len(turns) >= 8 and all("Greet back: hi." in (t.teacher_messages or [{}])[0]["content"] for t in turns)

@@ -109,11 +109,12 @@ def test_email_agent_on_the_real_model_searches_reads_and_updates(tmp_path: Path
     """examples/email_agent.py, shortened: SmolLM2-135M in a multi-turn tool loop (search, read, answer), two GRPO
     steps of 2 questions x 4 runs, 4 held-out questions x 2 runs before and after. Every run's first call is the
     forced search; the worked example at the start of every conversation is the shared prefix the engine's cache
-    serves; the steps update the LoRA and the last evaluation samples from the trained policy. Its learning (3 seeds,
-    held out) is measured in benchmarks/README.md."""
+    serves; the steps update the LoRA and the last evaluation samples from the trained policy. With ``--teacher base``
+    the base model, shown where the fact is (``relevant_facts``), scores every call of every run. Its learning (3
+    seeds, held out, with and without the teacher) is measured in benchmarks/README.md."""
     lines: list[str] = []
     argv = ["--steps", "2", "--held-out", "4", "--eval-generations", "2", "--num-generations", "4",
-            "--threads", "1", "--home", str(tmp_path)]  # fmt: skip
+            "--threads", "1", "--home", str(tmp_path), "--teacher", "base"]  # fmt: skip
     summary = example("email_agent").main(argv, echo=lines.append)
     logged = records(summary["run_dir"])
     assert [(r["split"], r["iteration"]) for r in logged] == [("eval", 0), ("train", 1), ("train", 2), ("eval", 2)]
@@ -129,6 +130,11 @@ def test_email_agent_on_the_real_model_searches_reads_and_updates(tmp_path: Path
     # and the last evaluation ran on that policy, not the base model
     assert any(r.get("train/updated") == 1.0 and r["train/grad_norm"] > 0 for r in train), train
     assert evals[-1]["policy_step"] >= 1 and evals[0]["policy_step"] == 0
+    assert all(r["train/teacher/tokens"] > 0 and r["train/teacher/kl"] > 0 for r in train), train  # it was told more
+    scenario = {"keywords": "flight 964", "email_id": "e7", "fact": "QX2P9"}
+    shown = example("email_agent").relevant_facts(scenario, [{"role": "system", "content": "S"},
+                                                            {"role": "user", "content": "Which code?"}])  # fmt: skip
+    assert shown[-1]["content"] == "Which code? (Search 'flight 964': email e7 holds the answer, QX2P9.)"
 
 
 @pytest.mark.slow

@@ -159,3 +159,30 @@ def test_a_served_teachers_logprobs_are_kept_with_the_runs(tmp_path: Path) -> No
         assert history[0]["train/teacher/kl"] == pytest.approx(0.0, abs=1e-4)  # the untrained policy is the base
         taught = [turn for run in trainer.store.trajectories() for turn in run.turns() if turn.teacher_logprobs]
         assert len(taught) == 8 and all(len(t.teacher_logprobs or []) == len(t.token_ids) for t in taught)
+
+
+@pytest.mark.slow
+def test_a_served_teacher_reaches_trainer_ranks_through_the_remote_backend(tiny_path: Path, tmp_path: Path) -> None:
+    """The remote backend sends the step; the service scores its turns with the served teacher before its trainer,
+    two data-parallel ranks in child processes, sees them: the teacher's metrics are the trainer-held base teacher's
+    on the same groups (the served base model by its name is that teacher)."""
+    from langgraph_art.backends.service import build_service
+    from langgraph_art.serve.embedded import EmbeddedServer
+    from langgraph_art.train.factory import TrainingOptions
+    from tests.test_trainer import make_group
+
+    held = trainer_with(tiny_path, tmp_path / "held", teacher_model="base")
+    group = privileged(make_group(held, [1.0, 0.0, 0.5, 0.25]))
+    _, held_stats = held._teach(group.trajectories, group_advantages([group], keep_uniform=True))
+    service = build_service(tiny_path, home=tmp_path / "service", served_name="tiny",
+                            training=TrainingOptions(ranks=2))  # fmt: skip
+    with EmbeddedServer(app=service.app) as server:
+        backend = art.RemoteBackend(server.base_url, home=tmp_path / "client")
+        model = art.TrainableModel(name="ranked", project="p", base_model="tiny").register(backend)
+        config = GRPOConfig(learning_rate=1e-2, teacher_model="tiny")
+        backend.trainer(model, config)  # the config each step sends
+        result = backend.train_step(model, [group], config)
+        assert result.updated
+        assert result.metrics["train/teacher/kl"] == pytest.approx(held_stats["train/teacher/kl"], abs=1e-4)
+        assert result.metrics["train/teacher/tokens"] == held_stats["train/teacher/tokens"]
+    service.close()
