@@ -11,11 +11,12 @@ template), appends the turn's sampled ids and asks for each sampled token's logp
 - of another server (``teacher_base_url``) through its ``POST /v1/completions`` with ``prompt_logprobs`` (vLLM's
   shape, which ``langgraph-art serve`` answers too); ``LANGGRAPH_ART_TEACHER_API_KEY`` is its key, if it wants one.
 
-The teacher must tokenize as the student does, or its logprobs are of other tokens: every token another server
-scores comes back decoded, and one decoded otherwise than by the student's tokenizer (or an id outside its
-vocabulary) is a ``ConfigError`` naming both models. Scores are written to ``Turn.teacher_logprobs`` (the local
-backend's store keeps them with the run; a remote backend's client does not get them back). Served teachers score without the turn's grammar: their logprobs are over the whole vocabulary (the trainer's
-own teachers renormalise inside it), so under a grammar the KL to them also counts the mass they put outside it.
+The teacher must tokenize as the student does, or its logprobs are of other tokens: every token another server scores
+comes back decoded, and one decoded otherwise than by the student's tokenizer (or an id outside its vocabulary) is a
+``ConfigError`` naming both models. Scores are written to ``Turn.teacher_logprobs`` (the local backend's store keeps
+them with the run; a remote backend's client does not get them back). Served teachers score without the turn's
+grammar: their logprobs are over the whole vocabulary (the trainer's own teachers renormalise inside it), so under a
+grammar the KL to them also counts the mass they put outside it.
 """
 
 from __future__ import annotations
