@@ -79,6 +79,11 @@ def run_one(task: str, arm: str, seed: int, steps: int, eval_every: int, kl_coef
         "evals": evals,  # (iteration, held-out share right, sampled tokens so far)
         "teacher_kl": statistics.fmean(kls) if kls else None,
         "updated": sum(1 for m in history if m.get("train/updated")),
+        # dynamic sampling's step counts, summed over the run: groups that scored all the same, further groups sampled
+        "dynamic": {
+            key: sum(m.get(f"dynamic_sampling/{key}", 0.0) for m in history)
+            for key in ("uniform_groups", "extra_groups", "extra_uniform", "replaced")
+        },
         "seconds": time.perf_counter() - started,
         "date": time.strftime("%Y-%m-%d %H:%M"),
     }
