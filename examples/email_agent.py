@@ -21,7 +21,8 @@ on 3 seeds: benchmarks/README.md.
 
 ``--teacher`` adds on-policy distillation (docs/guides/distillation.md): the teacher sees each call with the relevant
 facts added to the question (``relevant_facts``: the email that holds the answer, the words that find it and the
-fact itself) and scores every token the agent sampled.
+fact itself) and scores every token the agent sampled. Measured, it does not help here (benchmarks/README.md, issue
+37: a 135M model shown the facts is no better at the task, and the taught agent got worse).
 """
 
 from __future__ import annotations
