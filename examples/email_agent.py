@@ -50,6 +50,7 @@ from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode
 
 import langgraph_art as art
+from langgraph_art.teacher import hint_question
 
 SYSTEM = (
     "You answer questions about the user's inbox with tools. First call search_inbox with words from the question, "
@@ -163,9 +164,7 @@ def relevant_facts(scenario: dict[str, Any], messages: list[dict[str, Any]]) -> 
     has to find: the email holding the answer, the search that finds it and the fact."""
     hint = (f" (Search {scenario['keywords']!r}: email {scenario['email_id']} holds the answer, "
             f"{scenario['fact']}.)")  # fmt: skip
-    last = max(i for i, m in enumerate(messages) if m.get("role") == "user")
-    return [*messages[:last], {**messages[last], "content": f"{messages[last].get('content', '')}{hint}"},
-            *messages[last + 1 :]]  # fmt: skip
+    return hint_question(messages, hint)
 
 
 def turns_since_question(messages: list[Any]) -> int:

@@ -41,6 +41,7 @@ from langgraph.graph import START, StateGraph
 from langgraph.graph.message import add_messages
 
 import langgraph_art as art
+from langgraph_art.teacher import hint_question
 
 
 class State(TypedDict):
@@ -96,9 +97,7 @@ def reference_call(scenario: dict[str, Any]) -> str:
 def answer_hint(scenario: dict[str, Any], messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A privileged prompt for the teacher (``art.Teacher(prompt=answer_hint)``): the question, followed by the call
     that answers it."""
-    last = max(i for i, m in enumerate(messages) if m.get("role") == "user")
-    told = {**messages[last], "content": f"{messages[last].get('content', '')} (The call: {reference_call(scenario)}.)"}
-    return [*messages[:last], told, *messages[last + 1 :]]
+    return hint_question(messages, f" (The call: {reference_call(scenario)}.)")
 
 
 @art.reward

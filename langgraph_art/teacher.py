@@ -76,6 +76,17 @@ class Teacher:
             )
 
 
+def hint_question(messages: list[dict[str, Any]], hint: str) -> list[dict[str, Any]]:
+    """``messages`` with ``hint`` appended to the last user message (the question): the building block of a privileged
+    prompt that tells the teacher what the student must find. ``ConfigError`` when there is no user message."""
+    users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    if not users:
+        raise ConfigError("hint_question: the call's messages have no user message to append the hint to")
+    last = users[-1]
+    told = {**messages[last], "content": f"{messages[last].get('content', '')}{hint}"}
+    return [*messages[:last], told, *messages[last + 1 :]]
+
+
 def show_teacher(groups: Sequence[TrajectoryGroup], prompt: PrivilegedPrompt) -> None:
     """Set ``teacher_messages`` on every trainable turn of the groups' runs: ``prompt(group.scenario, messages)``.
     A prompt that returns something other than a list of messages is a ConfigError naming what it returned."""

@@ -22,6 +22,7 @@ grammar the KL to them also counts the mass they put outside it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -87,7 +88,7 @@ class ServedTeacher:
             adapter = resolve_adapter(engine, str(config.teacher_model), self._policies())
         except LangGraphArtError as exc:
             raise ConfigError(f"teacher_model={config.teacher_model!r}: {exc}") from None
-        return list(await asyncio.gather(*(engine.score(_for(r, adapter)) for r in requests)))
+        return list(await asyncio.gather(*(engine.score(dataclasses.replace(r, adapter=adapter)) for r in requests)))
 
     async def _score_remote(self, requests: list[ScoreRequest], config: GRPOConfig) -> list[list[float]]:
         url = f"{str(config.teacher_base_url).rstrip('/')}/completions"
@@ -175,7 +176,3 @@ class TokenCheck:
         if token not in self._decoded:
             self._decoded[token] = self.tokenizer.decode([token])
         return self._decoded[token]
-
-
-def _for(request: ScoreRequest, adapter: str | None) -> ScoreRequest:
-    return ScoreRequest(request.token_ids, request.start, adapter, request.temperature)

@@ -32,6 +32,7 @@ from langgraph.prebuilt import ToolNode
 
 import langgraph_art as art
 from langgraph_art.rewards.render import render_transcript
+from langgraph_art.teacher import hint_question
 from langgraph_art.types import ModelRef
 
 Unit = Literal["m", "ft", "in", "cm", "km", "mi", "kg", "lb", "l", "gal"]
@@ -102,11 +103,9 @@ def right_arguments(state, scenario) -> float:
 def answer_hint(scenario: Mapping[str, Any], messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A privileged prompt for a teacher (``art.Teacher(prompt=answer_hint)``): the question, followed by the call
     that answers it."""
-    hint = (f" (The call: convert(value={scenario['value']}, from_unit=\"{scenario['from_unit']}\", "
-            f"to_unit=\"{scenario['to_unit']}\").)")  # fmt: skip
-    last = max(i for i, m in enumerate(messages) if m.get("role") == "user")
-    return [*messages[:last], {**messages[last], "content": f"{messages[last].get('content', '')}{hint}"},
-            *messages[last + 1 :]]  # fmt: skip
+    units = f'from_unit="{scenario["from_unit"]}", to_unit="{scenario["to_unit"]}"'
+    call = f"convert(value={scenario['value']}, {units})"
+    return hint_question(messages, f" (The call: {call}.)")
 
 
 def omp_threads() -> int | None:
