@@ -14,8 +14,9 @@ advantage beside the reward's (``distill-base``: the base model as that teacher)
 (their tokens count). Sampling costs the same per step in the GRPO and teacher arms (the teacher's forward is a
 trainer-side cost, ``train/teacher/seconds``), so sampled tokens are counted from the runs
 (``rollout/sampled_tokens``). It prints per run the held-out share of arguments right at each evaluation with the
-sampled tokens so far, the mean ``train/teacher/kl`` and the seconds; then each arm's mean per evaluation and spread
-over the seeds. Rows are merged into ``benchmarks/distillation.json``.
+sampled tokens so far, the training reward and ``train/teacher/reward_agreement`` (first third of the steps -> last
+third), the mean ``train/teacher/kl`` and the seconds; then each arm's mean per evaluation and spread over the seeds.
+Rows, with every step's values of those metrics and the gradient norm, are merged into ``distillation.json``.
 
 ``--task bfcl``: ``examples/function_calling.py`` (BFCL ``simple_python``, its GRPO recipe, 80 held-out cases scored
 by BFCL's accuracy) with ``--teacher`` and ``--dynamic-sampling`` per arm; its teacher is shown the case's reference
@@ -36,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 RESULTS = Path(__file__).with_name("distillation.json")
+STEP_KEYS = ["reward/mean", "train/grad_norm", "train/teacher/kl", "train/teacher/advantage_share",
+             "train/teacher/reward_agreement"]  # fmt: skip
 
 
 def run_one(task: str, arm: str, seed: int, steps: int, eval_every: int, kl_coef: float) -> dict[str, Any]:
@@ -70,6 +73,8 @@ def run_one(task: str, arm: str, seed: int, steps: int, eval_every: int, kl_coef
     evals = [(int(e["iteration"]), e[score], tokens[min(int(e["iteration"]), len(history))])
              for e in result["evals"]]  # fmt: skip
     kls = [m["train/teacher/kl"] for m in history if "train/teacher/kl" in m]
+    # per step: what the update saw (the training reward, the teacher's KL, share and agreement with the reward)
+    series = {key: [m.get(key) for m in history] for key in STEP_KEYS}
     return {
         "task": task,
         "arm": arm,
@@ -84,9 +89,18 @@ def run_one(task: str, arm: str, seed: int, steps: int, eval_every: int, kl_coef
             key: sum(m.get(f"dynamic_sampling/{key}", 0.0) for m in history)
             for key in ("uniform_groups", "extra_groups", "extra_uniform", "replaced")
         },
+        "per_step": series,
         "seconds": time.perf_counter() - started,
         "date": time.strftime("%Y-%m-%d %H:%M"),
     }
+
+
+def trend(row: dict[str, Any], key: str) -> str:
+    """A per-step metric's mean over the run's first third of steps -> its last third ("-" where never logged)."""
+    values = row["per_step"][key]
+    third = max(len(values) // 3, 1)
+    first, last = [v for v in values[:third] if v is not None], [v for v in values[-third:] if v is not None]
+    return f"{statistics.fmean(first):.2f} -> {statistics.fmean(last):.2f}" if first and last else "-"
 
 
 def main() -> None:
@@ -99,7 +113,8 @@ def main() -> None:
     parser.add_argument("--kl-coef", type=float, default=1.0)
     args = parser.parse_args()
     print(f"{args.task}, {args.steps} steps, held-out evaluation every {args.eval_every}")
-    print("| arm | seed | held-out (sampled tokens so far) | teacher kl | updated | s |\n|---|---:|---|---:|---:|---:|")
+    print("| arm | seed | held-out (sampled tokens so far) | training reward | teacher kl | agreement | updated | s |")
+    print("|---|---:|---|---|---:|---:|---:|---:|")
     rows = json.loads(RESULTS.read_text()) if RESULTS.exists() else []
     fresh = []
     for seed in args.seeds:
@@ -114,7 +129,9 @@ def main() -> None:
             RESULTS.write_text(json.dumps(rows, indent=1) + "\n")
             shown = " -> ".join(f"{share:.3f} ({tokens / 1000:.1f}k)" for _, share, tokens in row["evals"])
             kl = "-" if row["teacher_kl"] is None else f"{row['teacher_kl']:.3f}"
-            print(f"| {arm} | {seed} | {shown} | {kl} | {row['updated']} | {row['seconds']:.0f} |", flush=True)
+            print(f"| {arm} | {seed} | {shown} | {trend(row, 'reward/mean')} | {kl} | "
+                  f"{trend(row, 'train/teacher/reward_agreement')} | {row['updated']} | {row['seconds']:.0f} |",
+                  flush=True)  # fmt: skip
     print("\n| arm | seeds | held-out mean at each evaluation (min .. max) |\n|---|---:|---|")
     for arm in args.arms:
         runs = [r for r in fresh if r["arm"] == arm]

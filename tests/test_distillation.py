@@ -16,7 +16,11 @@ import langgraph_art as art  # noqa: E402
 from langgraph_art.config import GRPOConfig  # noqa: E402
 from langgraph_art.errors import ConfigError  # noqa: E402
 from langgraph_art.train.advantages import group_advantages  # noqa: E402
-from langgraph_art.train.distillation import reverse_kl_advantages, teacher_metrics  # noqa: E402
+from langgraph_art.train.distillation import (  # noqa: E402
+    reverse_kl_advantages,
+    reward_agreement,
+    teacher_metrics,
+)
 from langgraph_art.train.tokenize import build_sequences  # noqa: E402
 from langgraph_art.types import Trajectory, TrajectoryGroup  # noqa: E402
 
@@ -38,6 +42,19 @@ def test_the_teacher_metrics_by_hand() -> None:
     assert metrics["train/teacher/kl"] == pytest.approx(L(2) / 2)  # mean of sampler - teacher: (ln 2 + 0) / 2
     assert metrics["train/teacher/advantage_share"] == pytest.approx(L(2) / (L(2) + 2.0))
     assert metrics["train/teacher/tokens"] == 2 and metrics["train/teacher/seconds"] == 0.5
+
+
+def test_the_reward_agreement_by_hand() -> None:
+    # (reward advantage, teacher term) per run; the teacher term is centred within its group: [2, 0, 1] -> [1, -1, 0]
+    three = [(1.0, 2.0), (0.0, 0.0), (-1.0, 1.0)]
+    assert reward_agreement([three]) == pytest.approx(0.5)  # cov 1 / sqrt(2 * 2)
+    agrees, disagrees = [(1.0, 3.0), (-1.0, 1.0)], [(1.0, -1.0), (-1.0, 1.0)]
+    uniform = [(0.0, 9.0), (0.0, -9.0)]  # the reward ranks nothing here: left out
+    assert reward_agreement([agrees, uniform]) == pytest.approx(1.0)
+    assert reward_agreement([disagrees]) == pytest.approx(-1.0)
+    assert reward_agreement([agrees, disagrees]) == pytest.approx(0.0)
+    assert reward_agreement([uniform]) is None and reward_agreement([[(1.0, 0.0), (-1.0, 0.0)]]) is None  # no variance
+    assert "train/teacher/reward_agreement" not in teacher_metrics([0.0], [0.0], [0.0], coef=1.0, seconds=0.0)
 
 
 def test_a_uniform_group_is_kept_at_zero_advantage_for_a_teacher() -> None:
@@ -83,7 +100,7 @@ def test_a_base_teacher_on_the_samplers_prompt_agrees_and_a_privileged_one_does_
     group = make_group(trainer, [1.0, 0.0, 0.5, 0.25])
     runs = group.trajectories
     advantages = group_advantages([group], keep_uniform=True)
-    same, stats = trainer._teach(runs, advantages)
+    same, stats = trainer._teach([group], advantages)
     for run in runs:
         turn = run.spans[0].turns[0]
         assert same[turn.id] == pytest.approx(turn.logprobs, abs=1e-5)
@@ -93,8 +110,12 @@ def test_a_base_teacher_on_the_samplers_prompt_agrees_and_a_privileged_one_does_
         turn = run.spans[0].turns[0]
         turn.messages = [{"role": "user", "content": "question"}]
         turn.teacher_messages = [{"role": "system", "content": "The answer is 42."}, *turn.messages]
-    shown, stats = trainer._teach(runs, advantages)
+    shown, stats = trainer._teach([group], advantages)
     assert stats["train/teacher/advantage_share"] > 0.01
+    turns = [r.spans[0].turns[0] for r in runs]
+    terms = [sum(t - s for t, s in zip(shown[u.id], u.logprobs, strict=True)) for u in turns]
+    by_hand = reward_agreement([[(advantages.by_trajectory[r.id], t) for r, t in zip(runs, terms, strict=True)]])
+    assert by_hand is not None and stats["train/teacher/reward_agreement"] == pytest.approx(by_hand, abs=1e-4)
     turn = runs[0].spans[0].turns[0]
     assert max(abs(a - b) for a, b in zip(shown[turn.id], turn.logprobs, strict=True)) > 1e-3
     sequences = build_sequences(runs, advantages, trainer.tokenizer, teacher=shown, teacher_kl_coef=0.5)

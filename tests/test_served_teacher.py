@@ -70,7 +70,7 @@ def test_a_trainer_alone_says_where_a_served_teachers_logprobs_come_from(tiny_pa
     turn = group.trajectories[0].spans[0].turns[0]
     turn.teacher_logprobs = [-1.0]
     with pytest.raises(ValueError, match=r"scored 1 tokens of 8"):
-        trainer._teach(group.trajectories, group_advantages([group], keep_uniform=True))
+        trainer._teach([group], group_advantages([group], keep_uniform=True))
     registry = PolicyRegistry(str(tiny_path), tmp_path / "home")
     with pytest.raises(ConfigError, match="'distill/agent@3' is a served model, and this registry has no engine"):
         registry.step("p", "n", [group], GRPOConfig(teacher_model="distill/agent@3"))
@@ -93,7 +93,7 @@ def test_a_served_teacher_scores_as_the_trainers_own_in_process_and_over_http(
     held = trainer_with(tiny_path, tmp_path / "held", teacher_model="base")
     group = privileged(make_group(held, [1.0, 0.0, 0.5, 0.25]))
     runs = group.trajectories
-    expected, held_stats = held._teach(runs, group_advantages([group], keep_uniform=True))
+    expected, held_stats = held._teach([group], group_advantages([group], keep_uniform=True))
     turns = [run.spans[0].turns[0] for run in runs]
     assert max(abs(a - b) for a, b in zip(expected[turns[0].id], turns[0].logprobs, strict=True)) > 1e-3
 
@@ -122,7 +122,7 @@ def test_a_served_teacher_scores_as_the_trainers_own_in_process_and_over_http(
         with service.policies.lease("p", "n") as trainer:
             assert type(trainer).__name__ == "GRPOTrainer"  # in this process: its own teacher can be asked
             trainer.update_config(config.model_copy(update={"teacher_model": "policy"}))
-            own, _ = trainer._teach(runs, group_advantages([group], keep_uniform=True))
+            own, _ = trainer._teach([group], group_advantages([group], keep_uniform=True))
         checkpoint = copy.deepcopy(group)
         score([checkpoint], GRPOConfig(teacher_model="p/n@1"))
         for turn in (run.spans[0].turns[0] for run in checkpoint.trajectories):
@@ -173,7 +173,7 @@ def test_a_served_teacher_reaches_trainer_ranks_through_the_remote_backend(tiny_
 
     held = trainer_with(tiny_path, tmp_path / "held", teacher_model="base")
     group = privileged(make_group(held, [1.0, 0.0, 0.5, 0.25]))
-    _, held_stats = held._teach(group.trajectories, group_advantages([group], keep_uniform=True))
+    _, held_stats = held._teach([group], group_advantages([group], keep_uniform=True))
     service = build_service(tiny_path, home=tmp_path / "service", served_name="tiny",
                             training=TrainingOptions(ranks=2))  # fmt: skip
     with EmbeddedServer(app=service.app) as server:

@@ -13,6 +13,8 @@ teacher's term reaches exactly the tokens the reward's does.
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Sequence
 
 from langgraph_art.types import Turn
@@ -31,12 +33,17 @@ def reverse_kl_advantages(
 
 
 def teacher_metrics(
-    sampler: Sequence[float], teacher: Sequence[float], reward_advantages: Sequence[float], coef: float, seconds: float
+    sampler: Sequence[float],
+    teacher: Sequence[float],
+    reward_advantages: Sequence[float],
+    coef: float,
+    seconds: float,
+    agreement: float | None = None,
 ) -> dict[str, float]:
     """The step's ``train/teacher/*`` metrics over its trained tokens [n]: the reverse KL to the teacher per token
     (``sampler - teacher``, its mean: a k1 estimate on the student's samples), the teacher's share of the advantage
-    (sum of ``|coef * (teacher - sampler)|`` over that plus the sum of ``|reward advantage|``), and the teacher's
-    seconds."""
+    (sum of ``|coef * (teacher - sampler)|`` over that plus the sum of ``|reward advantage|``), the teacher's
+    seconds, and ``reward_agreement`` when there is one."""
     tokens = max(len(sampler), 1)
     kl = sum(s - t for s, t in zip(sampler, teacher, strict=True)) / tokens
     from_teacher = sum(abs(coef * (t - s)) for s, t in zip(sampler, teacher, strict=True))
@@ -47,7 +54,34 @@ def teacher_metrics(
         "train/teacher/advantage_share": from_teacher / total if total else 0.0,
         "train/teacher/tokens": float(len(sampler)),
         "train/teacher/seconds": seconds,
+        **({"train/teacher/reward_agreement": agreement} if agreement is not None else {}),
     }
+
+
+def reward_agreement(groups: Sequence[Sequence[tuple[float, float]]]) -> float | None:
+    """Whether the teacher and the reward prefer the same runs: the Pearson correlation, over the runs of groups
+    whose rewards differ, between a run's reward advantage and its teacher term (``coef * (teacher - sampler)``
+    summed over its trained tokens), the teacher term centred within its group as the reward's is. None when there
+    are fewer than 2 such runs or either side does not vary.
+
+    groups: per group [runs], each run ``(reward advantage, teacher term)``. Near 1: the teacher ranks a scenario's
+    runs as the reward does, and its dense signal adds detail to the same direction; near 0 or below: it teaches
+    something the reward does not measure (a format, a value the reward also accepts), and pulls against it.
+    """
+    pairs: list[tuple[float, float]] = []
+    for runs in groups:
+        if len(runs) < 2 or max(a for a, _ in runs) - min(a for a, _ in runs) < 1e-9:
+            continue  # a uniform group: no ranking by the reward to agree with
+        mean = statistics.fmean(t for _, t in runs)
+        pairs += [(a, t - mean) for a, t in runs]
+    if len(pairs) < 2:
+        return None
+    a_mean, t_mean = statistics.fmean(a for a, _ in pairs), statistics.fmean(t for _, t in pairs)
+    cov = sum((a - a_mean) * (t - t_mean) for a, t in pairs)
+    a_var, t_var = sum((a - a_mean) ** 2 for a, _ in pairs), sum((t - t_mean) ** 2 for _, t in pairs)
+    if a_var < 1e-12 or t_var < 1e-12:
+        return None
+    return cov / math.sqrt(a_var * t_var)
 
 
 def served_logprobs(turn: Turn, teacher: str | None) -> list[float]:

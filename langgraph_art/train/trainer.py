@@ -48,14 +48,14 @@ from langgraph_art.train.batches import (
     micro_batches,
 )
 from langgraph_art.train.constrained import batch_grammar_masks, grammar_mass, replay_grammars
-from langgraph_art.train.distillation import served_logprobs, teacher_metrics
+from langgraph_art.train.distillation import reward_agreement, served_logprobs, teacher_metrics
 from langgraph_art.train.forward import PolicyForward
 from langgraph_art.train.loss import GrammarMasks, policy_loss
 from langgraph_art.train.mismatch import MISMATCH_SUMS, Mismatch, importance_weights, mismatch_metrics
 from langgraph_art.train.protocol import SFTExample
 from langgraph_art.train.ranks import RankGroup
 from langgraph_art.train.tokenize import TokenizeReport, TrainSequence, build_sequences, teacher_sequences
-from langgraph_art.types import StepResult, Trajectory, TrajectoryGroup, Turn
+from langgraph_art.types import StepResult, TrajectoryGroup, Turn
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ class GRPOTrainer:
         advantages = group_advantages(groups, cfg.scale_rewards, keep_uniform=taught)
         report = TokenizeReport(skipped=dict(advantages.skipped))
         runs = [t for g in groups for t in g.completed()]
-        teacher, teacher_stats = self._teach(runs, advantages) if cfg.teacher_model is not None else (None, {})
+        teacher, teacher_stats = self._teach(groups, advantages) if cfg.teacher_model is not None else (None, {})
         sequences = build_sequences(
             runs, advantages, self.tokenizer, nodes=cfg.trainable_nodes, max_length=cfg.max_length, report=report,
             teacher=teacher, teacher_kl_coef=cfg.teacher_kl_coef,
@@ -282,7 +282,7 @@ class GRPOTrainer:
         return StepResult(self.step_count, True, metrics, report.skipped, advantages=dict(advantages.by_trajectory))
 
     @torch.no_grad()
-    def _teach(self, runs: Sequence[Trajectory], advantages: Advantages) -> tuple[dict[str, list[float]], dict]:
+    def _teach(self, groups: Sequence[TrajectoryGroup], advantages: Advantages) -> tuple[dict[str, list[float]], dict]:
         """The teacher's logprobs of each trainable turn's sampled tokens (by turn id), in the teacher's context
         (``tokenize.teacher_sequences``), from one no-grad forward per micro-batch with the base model
         (``teacher_model="base"``: the LoRA off) or the policy as it is before this step's update (``"policy"``), or
@@ -290,7 +290,8 @@ class GRPOTrainer:
         metrics (``train/distillation.py``)."""
         cfg = self.config
         started = time.perf_counter()
-        scored = [r for r in runs if r.id in advantages.by_trajectory]
+        by_group = [[r for r in g.completed() if r.id in advantages.by_trajectory] for g in groups]
+        scored = [r for runs in by_group for r in runs]
         pairs = teacher_sequences(scored, self.tokenizer, nodes=cfg.trainable_nodes)
         sequences = [sequence for _, sequence in pairs]
         if any(s.grammars for s in sequences):
@@ -302,16 +303,22 @@ class GRPOTrainer:
         else:
             out = self._teacher_forward(pairs)
         sampler, teacher, reward = [], [], []
-        for run in scored:  # the trained tokens: the sampled ones, less those closing a structure or forced
-            of_turn = advantages.of_turns(run)
-            for turn in (t for t in run.trainable_turns(cfg.trainable_nodes) if t.id in out):
-                n = len(turn.token_ids) - min(turn.closing_tokens, len(turn.token_ids))
-                kept = [i for i in range(n) if scored_tokens[turn.id][i]]
-                sampler += [turn.logprobs[i] for i in kept]
-                teacher += [out[turn.id][i] for i in kept]
-                reward += [of_turn[turn.id]] * len(kept)
+        ranked: list[list[tuple[float, float]]] = []  # per group, per run: (reward advantage, teacher term)
+        for runs in by_group:
+            ranked.append([])
+            for run in runs:  # the trained tokens: the sampled ones, less those closing a structure or forced
+                of_turn, term = advantages.of_turns(run), 0.0
+                for turn in (t for t in run.trainable_turns(cfg.trainable_nodes) if t.id in out):
+                    n = len(turn.token_ids) - min(turn.closing_tokens, len(turn.token_ids))
+                    kept = [i for i in range(n) if scored_tokens[turn.id][i]]
+                    sampler += [turn.logprobs[i] for i in kept]
+                    teacher += [out[turn.id][i] for i in kept]
+                    reward += [of_turn[turn.id]] * len(kept)
+                    term += cfg.teacher_kl_coef * sum(out[turn.id][i] - turn.logprobs[i] for i in kept)
+                ranked[-1].append((advantages.by_trajectory[run.id], term))
         seconds = time.perf_counter() - started
-        return out, teacher_metrics(sampler, teacher, reward, cfg.teacher_kl_coef, seconds)
+        agreement = reward_agreement(ranked)
+        return out, teacher_metrics(sampler, teacher, reward, cfg.teacher_kl_coef, seconds, agreement)
 
     def _teacher_forward(self, pairs: list[tuple[Turn, TrainSequence]]) -> dict[str, list[float]]:
         """The held teacher's logprobs of each turn's sampled tokens: one no-grad forward per micro-batch, under the
