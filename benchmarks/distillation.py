@@ -3,6 +3,7 @@
     python benchmarks/distillation.py --arms grpo distill --seeds 0 1 2 [--steps 14] [--eval-every 7]
     python benchmarks/distillation.py --task bfcl --arms distill-base --steps 15 --eval-every 5
     python benchmarks/distillation.py --task email --arms distill-base --steps 8 --eval-every 4
+    python benchmarks/distillation.py --task bfcl --arms distill-base --steps 10 --seeds 0 --learning-rate 8e-4
 
 ``--task demo`` (the default): each run is ``run_demo`` (``langgraph_art/demos/units.py``: SmolLM2-135M-Instruct, a
 forced ``convert`` call, 40 held-out questions in phrasings never trained on) in a fresh home, evaluated before the
@@ -41,13 +42,16 @@ STEP_KEYS = ["reward/mean", "train/grad_norm", "train/teacher/kl", "train/teache
              "train/teacher/reward_agreement"]  # fmt: skip
 
 
-def run_one(task: str, arm: str, seed: int, steps: int, eval_every: int, kl_coef: float) -> dict[str, Any]:
+def run_one(
+    task: str, arm: str, seed: int, steps: int, eval_every: int, kl_coef: float, learning_rate: float | None = None
+) -> dict[str, Any]:
     teacher_model = None if not arm.startswith("distill") else "base" if arm == "distill-base" else "policy"
     started = time.perf_counter()
     score = "eval/reward/mean"  # the held-out share right (the demo, BFCL: their one evaluation reward)
     with tempfile.TemporaryDirectory() as home:
         argv = ["--seed", str(seed), "--home", home, "--steps", str(steps), "--eval-every", str(eval_every),
                 "--teacher", teacher_model or "none", "--kl-coef", str(kl_coef)]  # fmt: skip
+        argv += ["--learning-rate", str(learning_rate)] if learning_rate is not None else []
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
         if task == "bfcl":
             import function_calling
@@ -65,6 +69,7 @@ def run_one(task: str, arm: str, seed: int, steps: int, eval_every: int, kl_coef
 
             teacher = None if teacher_model is None else art.Teacher(teacher_model, answer_hint, kl_coef)  # type: ignore[arg-type]
             result = run_demo(home=home, seed=seed, steps=steps, teacher=teacher, eval_every=eval_every,
+                              learning_rate=learning_rate,
                               dynamic_sampling=2 if arm == "dynamic" else 0, echo=lambda *_: None)  # fmt: skip
     history = result["history"]
     tokens = [0.0]
@@ -81,6 +86,7 @@ def run_one(task: str, arm: str, seed: int, steps: int, eval_every: int, kl_coef
         "seed": seed,
         "steps": steps,
         "kl_coef": kl_coef if teacher_model else None,
+        **({"learning_rate": learning_rate} if learning_rate is not None else {}),  # None: the task's recipe
         "evals": evals,  # (iteration, held-out share right, sampled tokens so far)
         "teacher_kl": statistics.fmean(kls) if kls else None,
         "updated": sum(1 for m in history if m.get("train/updated")),
@@ -111,6 +117,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=14)
     parser.add_argument("--eval-every", type=int, default=7)
     parser.add_argument("--kl-coef", type=float, default=1.0)
+    parser.add_argument("--learning-rate", type=float, default=None, help="default: the task's recipe")
     args = parser.parse_args()
     print(f"{args.task}, {args.steps} steps, held-out evaluation every {args.eval_every}")
     print("| arm | seed | held-out (sampled tokens so far) | training reward | teacher kl | agreement | updated | s |")
@@ -119,12 +126,11 @@ def main() -> None:
     fresh = []
     for seed in args.seeds:
         for arm in args.arms:
-            row = run_one(args.task, arm, seed, args.steps, args.eval_every, args.kl_coef)
+            row = run_one(args.task, arm, seed, args.steps, args.eval_every, args.kl_coef, args.learning_rate)
             fresh.append(row)
-            key = (args.task, arm, seed, args.steps, row["kl_coef"])
-            rows = [
-                r for r in rows if (r.get("task", "demo"), r["arm"], r["seed"], r["steps"], r.get("kl_coef")) != key
-            ]
+            key = (args.task, arm, seed, args.steps, row["kl_coef"], args.learning_rate)
+            rows = [r for r in rows if (r.get("task", "demo"), r["arm"], r["seed"], r["steps"], r.get("kl_coef"),
+                                        r.get("learning_rate")) != key]  # fmt: skip
             rows.append(row)
             RESULTS.write_text(json.dumps(rows, indent=1) + "\n")
             shown = " -> ".join(f"{share:.3f} ({tokens / 1000:.1f}k)" for _, share, tokens in row["evals"])
