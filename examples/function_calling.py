@@ -16,7 +16,8 @@ reimplements its AST checker's rules). The model is SmolLM2-135M-Instruct, offli
 the teacher is shown the case's reference call (``answer_hint``) and scores each token the student sampled; the
 reverse KL to it is a per-token advantage beside the reward's, weighted by ``--kl-coef``. ``--dynamic-sampling N``
 samples up to N further cases a step in place of groups whose runs all scored the same. Measured on 3 seeds
-(benchmarks/README.md, issue 37): the teacher did not help here; dynamic sampling was about level per sampled token.
+(benchmarks/README.md, issue 37): the teacher did not help here (what it knows is each case's own values, which do
+not carry to the next case's function); dynamic sampling was about level per sampled token.
 """
 
 from __future__ import annotations
