@@ -104,14 +104,14 @@ def argument_labels(text: str) -> list[tuple[str, str | None]]:
     return labels
 
 
-def where(record: dict[str, Any], i: int, optional: set[str]) -> str:
-    """The part of the call token ``i`` belongs to (its first non-space character's label)."""
+def where(record: dict[str, Any], i: int, labels: list[tuple[str, str | None]], optional: set[str]) -> str:
+    """The part of the call token ``i`` belongs to (its first non-space character's label; ``labels``: the call's
+    ``argument_labels``)."""
     pieces, text = record["pieces"], record["pieces"][-1]
     begin = len(pieces[i - 1]) if i else 0
     piece = pieces[i][begin:]
     if not piece.strip():
         return "whitespace"
-    labels = argument_labels(text)
     kind, key = next(
         (labels[k] for k in range(begin, min(len(pieces[i]), len(labels))) if not text[k].isspace()), ("other", None)
     )
@@ -159,9 +159,10 @@ def summarise(name: str, records: list[dict[str, Any]], optional: dict[str, set[
           f"train/teacher/reward_agreement, mean over the runs: {statistics.fmean(agreements):.2f}")  # fmt: skip
     parts: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0.0, 0.0])  # |term| right, |term| wrong, sum
     for r in records:
+        labels = argument_labels(r["pieces"][-1]) if r["pieces"] else []
         for i, d in enumerate(r["delta"]):
             if abs(d) > NEGLIGIBLE:
-                part = parts[where(r, i, optional.get(r["scenario"], set()))]
+                part = parts[where(r, i, labels, optional.get(r["scenario"], set()))]
                 part[0 if r["reward"] == 1.0 else 1] += abs(d)
                 part[2] += d
     print("\n| where in the call | share of the term, right runs | wrong runs | sum (nats) |\n|---|---:|---:|---:|")

@@ -13,7 +13,6 @@ teacher's term reaches exactly the tokens the reward's does.
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
 
@@ -74,14 +73,10 @@ def reward_agreement(groups: Sequence[Sequence[tuple[float, float]]]) -> float |
             continue  # a uniform group: no ranking by the reward to agree with
         mean = statistics.fmean(t for _, t in runs)
         pairs += [(a, t - mean) for a, t in runs]
-    if len(pairs) < 2:
+    try:
+        return statistics.correlation([a for a, _ in pairs], [t for _, t in pairs])
+    except statistics.StatisticsError:  # fewer than 2 runs, or one side constant
         return None
-    a_mean, t_mean = statistics.fmean(a for a, _ in pairs), statistics.fmean(t for _, t in pairs)
-    cov = sum((a - a_mean) * (t - t_mean) for a, t in pairs)
-    a_var, t_var = sum((a - a_mean) ** 2 for a, _ in pairs), sum((t - t_mean) ** 2 for _, t in pairs)
-    if a_var < 1e-12 or t_var < 1e-12:
-        return None
-    return cov / math.sqrt(a_var * t_var)
 
 
 def served_logprobs(turn: Turn, teacher: str | None) -> list[float]:
