@@ -406,3 +406,30 @@ async def test_create_agent_learns_from_a_teacher_with_dynamic_sampling_inside_a
     assert all(m["train/teacher/tokens"] > 0 and m["train/teacher/advantage_share"] == 1.0 for m in history)
     runs = [t for t in backend.store(model).trajectories(status="ok") if t.metadata["training_run"] == trainer.run_id]
     assert len(runs) == 16 and all("Hint: 42." in str(turn.teacher_messages) for t in runs for turn in t.turns())
+
+
+async def test_the_teachers_agreement_with_the_reward_is_measured_on_an_async_node_inside_a_running_loop(
+    backend: art.LocalBackend,
+) -> None:
+    """An ``async def`` node, awaited in a running loop, with a reward that tells the runs apart: each step says
+    whether the privileged teacher prefers the runs the reward prefers (a correlation, so within [-1, 1]). (The tiny
+    model under create_agent's system prompt writes the same newlines in every run: nothing to rank there.)"""
+    model = model_for(backend, "agreeing-agent")
+    llm = art.ChatART(model=model, temperature=1.0, max_tokens=8)
+
+    def hinted(scenario: dict[str, Any], messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [*messages[:-1], {**messages[-1], "content": f"{messages[-1]['content']} (Hint: 42.)"}]
+
+    def length(state: dict[str, Any]) -> float:  # how much the agent wrote: runs sampled at 1.0 differ
+        return float(len(state["messages"][-1].content))
+
+    teacher = art.Teacher(model="base", prompt=hinted)
+    rewards = [art.reward(length, name="length")]
+    trainer = art.Trainer(
+        async_node_graph(llm), model, rewards=rewards, num_generations=8, config=CONFIG, teacher=teacher
+    )
+    history = await trainer.atrain(SCENARIOS, steps=2, progress=False)
+    assert_trained(history, 2)
+    agreements = [m["train/teacher/reward_agreement"] for m in history if "train/teacher/reward_agreement" in m]
+    assert agreements and all(-1.0 <= a <= 1.0 for a in agreements), history
+    assert all(0.0 < m["train/teacher/advantage_share"] < 1.0 for m in history if "train/teacher/reward_agreement" in m)
