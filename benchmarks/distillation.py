@@ -4,6 +4,7 @@
     python benchmarks/distillation.py --task bfcl --arms distill-base --steps 15 --eval-every 5
     python benchmarks/distillation.py --task email --arms distill-base --steps 8 --eval-every 4
     python benchmarks/distillation.py --task bfcl --arms distill-base --steps 10 --seeds 0 --learning-rate 8e-4
+    python benchmarks/distillation.py --task bfcl --arms distill-required --steps 10 --eval-every 5
 
 ``--task demo`` (the default): each run is ``run_demo`` (``langgraph_art/demos/units.py``: SmolLM2-135M-Instruct, a
 forced ``convert`` call, 40 held-out questions in phrasings never trained on) in a fresh home, evaluated before the
@@ -21,7 +22,8 @@ Rows, with every step's values of those metrics and the gradient norm, are merge
 
 ``--task bfcl``: ``examples/function_calling.py`` (BFCL ``simple_python``, its GRPO recipe, 80 held-out cases scored
 by BFCL's accuracy) with ``--teacher`` and ``--dynamic-sampling`` per arm; its teacher is shown the case's reference
-call (``function_calling.answer_hint``). ``--task email``: ``examples/email_agent.py`` (search, read, answer on
+call (``function_calling.answer_hint``; ``distill-required``: the base model shown the call's required arguments
+only, ``function_calling.required_hint``). ``--task email``: ``examples/email_agent.py`` (search, read, answer on
 SmolLM2-135M; 10 held-out questions x 4 runs, scored by the fact in the answer), its teacher shown the relevant facts
 (``email_agent.relevant_facts``: the search that finds the email, its id and the fact).
 """
@@ -45,7 +47,11 @@ STEP_KEYS = ["reward/mean", "train/grad_norm", "train/teacher/kl", "train/teache
 def run_one(
     task: str, arm: str, seed: int, steps: int, eval_every: int, kl_coef: float, learning_rate: float | None = None
 ) -> dict[str, Any]:
-    teacher_model = None if not arm.startswith("distill") else "base" if arm == "distill-base" else "policy"
+    teacher_model = None if not arm.startswith("distill") else "policy" if arm == "distill" else "base"
+    if arm == "distill-required" and task != "bfcl":
+        raise SystemExit(
+            "--arms distill-required: a BFCL arm (its hint leaves out optional arguments); use --task bfcl"
+        )
     started = time.perf_counter()
     score = "eval/reward/mean"  # the held-out share right (the demo, BFCL: their one evaluation reward)
     with tempfile.TemporaryDirectory() as home:
@@ -57,6 +63,7 @@ def run_one(
             import function_calling
 
             argv += ["--dynamic-sampling", "2" if arm == "dynamic" else "0"]
+            argv += ["--hint", "required" if arm == "distill-required" else "call"]
             result = function_calling.main(argv, echo=lambda *_: None)
         elif task == "email":
             import email_agent

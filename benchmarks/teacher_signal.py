@@ -1,6 +1,6 @@
 """Where does a privileged teacher's per-token signal sit, and does it agree with the reward? (issue 37)
 
-    python benchmarks/teacher_signal.py [--tasks demo bfcl] [--steps N]
+    python benchmarks/teacher_signal.py [--tasks demo bfcl] [--steps N] [--hint call|required]
 
 On-policy distillation adds ``kl_coef * (log pi_T(o_t) - log pi(o_t))`` to each sampled token's advantage
 (``train/distillation.py``). This looks at that term token by token on the tasks distillation was measured on: the
@@ -120,9 +120,10 @@ def where(record: dict[str, Any], i: int, labels: list[tuple[str, str | None]], 
     return f"{kind}{' (optional)' if key in optional else ''}"
 
 
-def run_task(name: str, steps: int, records: list[dict[str, Any]]) -> dict[str, set[str]]:
-    """Train ``steps`` steps at a learning rate of 1e-12 with the task's privileged base teacher; returns each
-    scenario's optional parameters (BFCL: those its answer may leave out)."""
+def run_task(name: str, steps: int, records: list[dict[str, Any]], hint: str = "call") -> dict[str, set[str]]:
+    """Train ``steps`` steps at a learning rate of 1e-12 with the task's privileged base teacher (BFCL: shown the
+    ``hint``, ``call`` or ``required``); returns each scenario's optional parameters (those its answer may leave
+    out)."""
     import langgraph_art as art
 
     with tempfile.TemporaryDirectory() as home:
@@ -136,13 +137,19 @@ def run_task(name: str, steps: int, records: list[dict[str, Any]]) -> dict[str, 
         import function_calling
 
         argv = ["--seed", "0", "--home", home, "--steps", str(steps), "--learning-rate", "1e-12", "--teacher", "base",
-                "--eval-every", "10000", "--eval-cases", "1"]  # fmt: skip
+                "--eval-every", "10000", "--eval-cases", "1", "--hint", hint]  # fmt: skip
         function_calling.main(argv, echo=lambda *_: None)
-        return {
-            case.id: {k for k, values in parameters.items() if "" in values}
+        return {  # what BFCL's checker lets a call leave out: "" among the allowed values, not required
+            case.id: {k for k, values in parameters.items() if "" in values and k not in required(case, name)}
             for case in bfcl.load("simple_python")
-            for parameters in case.answers[0].values()
+            for name, parameters in case.answers[0].items()
         }
+
+
+def required(case: Any, name: str) -> list[str]:
+    """The parameters the case's function ``name`` requires."""
+    (function,) = (f for f in case.functions if f["name"] == name)
+    return list(function["parameters"].get("required", []))
 
 
 def summarise(name: str, records: list[dict[str, Any]], optional: dict[str, set[str]]) -> None:
@@ -174,6 +181,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", nargs="+", choices=["demo", "bfcl"], default=["demo", "bfcl"])
     parser.add_argument("--steps", type=int, default=None, help="steps per task (default: the demo 24, BFCL 8)")
+    parser.add_argument("--hint", choices=["call", "required"], default="call",
+                        help="BFCL's teacher is shown the reference call, or its required arguments only")  # fmt: skip
     args = parser.parse_args()
     records: list[dict[str, Any]] = []
     steps: list[dict[str, float]] = []
@@ -181,7 +190,7 @@ def main() -> None:
     for name in args.tasks:
         records.clear()
         steps.clear()
-        optional = run_task(name, args.steps or {"demo": 24, "bfcl": 8}[name], records)
+        optional = run_task(name, args.steps or {"demo": 24, "bfcl": 8}[name], records, args.hint)
         summarise(name, records, optional)
         # the untrained model's KL on each step's scenarios: seed 0 draws them in the order a seed-0 training run does
         print("\ntrain/teacher/kl per step: " + ", ".join(f"{m['train/teacher/kl']:.2f}" for m in steps))

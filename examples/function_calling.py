@@ -13,9 +13,10 @@ reimplements its AST checker's rules). The model is SmolLM2-135M-Instruct, offli
     python examples/function_calling.py --teacher base              # distilled from the base model told the answer
 
 ``--teacher base`` (or ``policy``, or a served model's name) adds on-policy distillation (docs/guides/distillation.md):
-the teacher is shown the case's reference call (``answer_hint``) and scores each token the student sampled; the
-reverse KL to it is a per-token advantage beside the reward's, weighted by ``--kl-coef``. ``--dynamic-sampling N``
-samples up to N further cases a step in place of groups whose runs all scored the same. Measured on 3 seeds
+the teacher is shown the case's reference call (``answer_hint``; ``--hint required``: its required arguments only,
+``required_hint``) and scores each token the student sampled; the reverse KL to it is a per-token advantage beside
+the reward's, weighted by ``--kl-coef``. ``--dynamic-sampling N`` samples up to N further cases a step in place of
+groups whose runs all scored the same. Measured on 3 seeds
 (benchmarks/README.md, issue 37): the teacher did not help here (what it knows is each case's own values, which do
 not carry to the next case's function); dynamic sampling was about level per sampled token.
 """
@@ -85,12 +86,18 @@ def check(state: dict[str, Any], scenario: dict[str, Any]) -> bfcl.Check:
     return bfcl.check_call(case, calls[0]["name"], calls[0]["args"])
 
 
-def reference_call(scenario: dict[str, Any]) -> str:
+def reference_call(scenario: dict[str, Any], *, optional: bool = True) -> str:
     """The case's first reference answer as the JSON call the schema decodes: each parameter's first allowed value
-    (a parameter whose only allowed value is "" may be left out, and is)."""
+    (a parameter whose only allowed value is "" may be left out, and is; with ``optional=False`` every parameter
+    BFCL's checker lets the call leave out is left out: "" among its allowed values, and not required by the
+    function)."""
     (name, parameters), *_ = scenario["answers"][0].items()
+    (function,) = (f for f in scenario["functions"] if f["name"] == name)
+    required = function["parameters"].get("required", [])
     arguments = {
-        key: next(v for v in values if v != "") for key, values in parameters.items() if any(v != "" for v in values)
+        key: next(v for v in values if v != "")
+        for key, values in parameters.items()
+        if any(v != "" for v in values) and (optional or "" not in values or key in required)
     }
     return f"{bfcl.tool_name(name)}({json.dumps(arguments)})"
 
@@ -99,6 +106,12 @@ def answer_hint(scenario: dict[str, Any], messages: list[dict[str, Any]]) -> lis
     """A privileged prompt for the teacher (``art.Teacher(prompt=answer_hint)``): the question, followed by the call
     that answers it."""
     return hint_question(messages, f" (The call: {reference_call(scenario)}.)")
+
+
+def required_hint(scenario: dict[str, Any], messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``answer_hint`` with only the arguments the answer requires: BFCL accepts an optional argument left out, so a
+    teacher shown the reference's optional values would penalise the calls that leave them out and score right."""
+    return hint_question(messages, f" (The call: {reference_call(scenario, optional=False)}.)")
 
 
 @art.reward
@@ -129,6 +142,14 @@ def main(argv: list[str] | None = None, *, echo: Any = print) -> dict[str, Any]:
             ("--eval-cases", {"type": int, "default": 80, "help": "held-out cases evaluated (of 80)"}),
             ("--eval-every", {"type": int, "default": 10, "help": "steps between held-out evaluations"}),
             *TEACHER_OPTIONS,
+            (
+                "--hint",
+                {
+                    "choices": ["call", "required"],
+                    "default": "call",
+                    "help": "what the teacher is shown: the reference call, or its required arguments only",
+                },
+            ),
             ("--dynamic-sampling", {"type": int, "default": 0, "help": "further cases a step for uniform groups"}),
             THREADS_OPTION,
         ],
@@ -136,7 +157,7 @@ def main(argv: list[str] | None = None, *, echo: Any = print) -> dict[str, Any]:
     use_threads(args)
     train, held_out = bfcl.split(bfcl.load("simple_python"))
     random.Random(args.seed).shuffle(train)  # each seed its own order of the training cases
-    teacher = teacher_from(args, answer_hint)
+    teacher = teacher_from(args, answer_hint if args.hint == "call" else required_hint)
     with trainable_model(args, f"bfcl-simple-{args.seed}", "examples") as (model, llm):
         trainer = art.Trainer(
             build_graph(llm),

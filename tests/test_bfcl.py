@@ -118,6 +118,36 @@ def test_every_ground_truth_passes_and_a_changed_value_fails() -> None:
     assert changed > 200
 
 
+@pytest.mark.integration
+def test_the_required_hint_leaves_out_only_what_the_checker_lets_a_call_leave_out() -> None:
+    """The teacher's two BFCL hints (examples/function_calling.py) on BFCL's data: the full reference call, and the
+    call with its required arguments only. Each argument the required hint drops may be left out (the first allowed
+    values without it still pass BFCL's checks), and the hint keeps the rest."""
+    import json
+
+    function_calling = importlib.import_module("function_calling")
+    cases = bfcl.load("simple_python")
+    scenarios = function_calling.scenarios(cases)
+    dropped_somewhere = 0
+    for case, scenario in zip(cases, scenarios, strict=True):
+        ((name, allowed),) = case.answers[0].items()
+        full, required = (json.loads(function_calling.reference_call(scenario, optional=o).split("(", 1)[1][:-1])
+                          for o in (True, False))  # fmt: skip
+        assert set(required) <= set(full) and all(required[k] == full[k] for k in required), case.id
+        given = {p: [o for o in options if o != ""] for p, options in allowed.items()}
+        arguments = {p: first(options[0]) for p, options in given.items() if options}
+        dropped = set(full) - set(required)
+        check = bfcl.check_call(case, bfcl.tool_name(name), {k: v for k, v in arguments.items() if k not in dropped})
+        assert check.valid, (case.id, dropped, check)
+        for kept in set(required):  # what the hint keeps the call may not leave out (unless its value is "" anyway)
+            without = bfcl.check_call(case, bfcl.tool_name(name), {k: v for k, v in arguments.items() if k != kept})
+            assert not without.valid, (case.id, kept)
+        dropped_somewhere += bool(dropped)
+    assert dropped_somewhere > 100  # BFCL fills an optional argument in ~2 of 5 reference answers
+    hinted = function_calling.required_hint(scenarios[0], [{"role": "user", "content": "Q?"}])
+    assert hinted[-1]["content"].startswith("Q? (The call: ")
+
+
 # -- multi_turn_base ----------------------------------------------------------------------------------------------
 @pytest.mark.integration
 def test_multi_turn_ground_truth_passes_and_a_missing_call_fails() -> None:
