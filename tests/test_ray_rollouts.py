@@ -174,7 +174,9 @@ def test_a_worker_ray_cannot_place_does_not_hold_the_step_up(ray_session: None) 
         (group,), metrics = asyncio.run(rollouts.agather(one_node_graph(add_one), [{"input": {"n": 1}}], 4))
         assert time.monotonic() - started < 60  # not start_timeout (300 s)
         assert [t.final_state["n"] for t in group.trajectories] == [2, 2, 2, 2] and not group.failed
-        assert len(rollouts.workers) == 3 and [w.key is not None for w in rollouts.workers].count(True) == 2
+        # the runs go as soon as one worker holds the graph: on a loaded machine the four 1-node runs can finish on
+        # the first before the second has loaded (CI saw 1); the third never gets a CPU
+        assert len(rollouts.workers) == 3 and 1 <= [w.key is not None for w in rollouts.workers].count(True) <= 2
     assert metrics == {"rollouts/retried": 0.0, "rollouts/workers_lost": 0.0}
 
 
