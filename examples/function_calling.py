@@ -18,7 +18,7 @@ whole call, optional arguments too, ``answer_hint``) and scores each token the s
 is a per-token advantage beside the reward's, weighted by ``--kl-coef``. ``--dynamic-sampling N`` samples up to N
 further cases a step in place of groups whose runs all scored the same. Measured on 3 seeds over 10 steps
 (benchmarks/README.md, issue 37): shown the whole call the teacher did not help (+0.02; a fifth of its signal
-penalised calls BFCL scores right, most of all calls that leave an optional argument out); shown the required
+penalised calls BFCL scores right, calls that leave an optional argument out among them); shown the required
 arguments, +0.11 (+0.09 .. +0.15), level with GRPO, not faster; dynamic sampling was about level per sampled token.
 """
 

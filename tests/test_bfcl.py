@@ -139,7 +139,7 @@ def test_the_required_hint_leaves_out_only_what_the_checker_lets_a_call_leave_ou
         dropped = set(full) - set(required)
         check = bfcl.check_call(case, bfcl.tool_name(name), {k: v for k, v in arguments.items() if k not in dropped})
         assert check.valid, (case.id, dropped, check)
-        for kept in set(required):  # what the hint keeps the call may not leave out (unless its value is "" anyway)
+        for kept in set(required):  # and what the hint keeps, the call may not leave out
             without = bfcl.check_call(case, bfcl.tool_name(name), {k: v for k, v in arguments.items() if k != kept})
             assert not without.valid, (case.id, kept)
         dropped_somewhere += bool(dropped)
