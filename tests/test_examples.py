@@ -130,7 +130,9 @@ def test_email_agent_on_the_real_model_searches_reads_and_updates(tmp_path: Path
     # and the last evaluation ran on that policy, not the base model
     assert any(r.get("train/updated") == 1.0 and r["train/grad_norm"] > 0 for r in train), train
     assert evals[-1]["policy_step"] >= 1 and evals[0]["policy_step"] == 0
-    assert all(r["train/teacher/tokens"] > 0 and r["train/teacher/kl"] > 0 for r in train), train  # it was told more
+    # the teacher scored every step's tokens, and not as the sampler did; its KL is the mean of (sampler - teacher),
+    # a k1 estimate that a step's ~200 tokens can leave below 0 (CI saw -0.008), so its sign is not asserted
+    assert all(r["train/teacher/tokens"] > 0 and r["train/teacher/kl"] != 0 for r in train), train
     scenario = {"keywords": "flight 964", "email_id": "e7", "fact": "QX2P9"}
     shown = example("email_agent").relevant_facts(scenario, [{"role": "system", "content": "S"},
                                                             {"role": "user", "content": "Which code?"}])  # fmt: skip
