@@ -139,17 +139,9 @@ def run_task(name: str, steps: int, records: list[dict[str, Any]], hint: str = "
         argv = ["--seed", "0", "--home", home, "--steps", str(steps), "--learning-rate", "1e-12", "--teacher", "base",
                 "--eval-every", "10000", "--eval-cases", "1", "--hint", hint]  # fmt: skip
         function_calling.main(argv, echo=lambda *_: None)
-        return {  # what BFCL's checker lets a call leave out: "" among the allowed values, not required
-            case.id: {k for k, values in parameters.items() if "" in values and k not in required(case, name)}
-            for case in bfcl.load("simple_python")
-            for name, parameters in case.answers[0].items()
+        return {
+            case.id: bfcl.optional_parameters(case.functions, case.answers[0]) for case in bfcl.load("simple_python")
         }
-
-
-def required(case: Any, name: str) -> list[str]:
-    """The parameters the case's function ``name`` requires."""
-    (function,) = (f for f in case.functions if f["name"] == name)
-    return list(function["parameters"].get("required", []))
 
 
 def summarise(name: str, records: list[dict[str, Any]], optional: dict[str, set[str]]) -> None:

@@ -131,6 +131,15 @@ def standardize(text: str) -> str:
     return re.sub(r"[ ,./\-_*^]", "", text).lower().replace("'", '"')
 
 
+def optional_parameters(functions: list[dict[str, Any]], answer: dict[str, dict[str, list[Any]]]) -> set[str]:
+    """The parameters of ``answer``'s call (``{name: {parameter: allowed values}}``) that ``check_call`` lets a call
+    leave out: "" among the allowed values, and not required by the function."""
+    name, allowed = next(iter(answer.items()))
+    (function,) = (f for f in functions if f["name"] == name)
+    required = function["parameters"].get("required", [])
+    return {param for param, values in allowed.items() if "" in values and param not in required}
+
+
 def check_call(case: Case, name: str, arguments: dict[str, Any]) -> Check:
     """BFCL's ``simple_function_checker`` for one call ``name(**arguments)`` (``name`` as offered: dots as ``_``)
     against the case's first expected call; ``right``/``total`` count its parameter checks."""

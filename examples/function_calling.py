@@ -90,15 +90,13 @@ def check(state: dict[str, Any], scenario: dict[str, Any]) -> bfcl.Check:
 def reference_call(scenario: dict[str, Any], *, optional: bool = True) -> str:
     """The case's first reference answer as the JSON call the schema decodes: each parameter's first allowed value
     (a parameter whose only allowed value is "" may be left out, and is; with ``optional=False`` every parameter
-    BFCL's checker lets the call leave out is left out: "" among its allowed values, and not required by the
-    function)."""
+    BFCL's checker lets the call leave out is left out: ``bfcl.optional_parameters``)."""
     (name, parameters), *_ = scenario["answers"][0].items()
-    (function,) = (f for f in scenario["functions"] if f["name"] == name)
-    required = function["parameters"].get("required", [])
+    leave_out = set() if optional else bfcl.optional_parameters(scenario["functions"], scenario["answers"][0])
     arguments = {
         key: next(v for v in values if v != "")
         for key, values in parameters.items()
-        if any(v != "" for v in values) and (optional or "" not in values or key in required)
+        if any(v != "" for v in values) and key not in leave_out
     }
     return f"{bfcl.tool_name(name)}({json.dumps(arguments)})"
 

@@ -17,6 +17,7 @@ from langgraph.graph import START, MessagesState, StateGraph
 
 import langgraph_art as art
 from langgraph_art.sync import private_loop, run_sync
+from langgraph_art.teacher import hint_question
 from tests.helpers import get_weather
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -418,7 +419,7 @@ async def test_the_teachers_agreement_with_the_reward_is_measured_on_an_async_no
     llm = art.ChatART(model=model, temperature=1.0, max_tokens=8)
 
     def hinted(scenario: dict[str, Any], messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return [*messages[:-1], {**messages[-1], "content": f"{messages[-1]['content']} (Hint: 42.)"}]
+        return hint_question(messages, " (Hint: 42.)")
 
     def length(state: dict[str, Any]) -> float:  # how much the agent wrote: runs sampled at 1.0 differ
         return float(len(state["messages"][-1].content))
