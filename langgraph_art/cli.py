@@ -30,6 +30,22 @@ def is_loopback(host: str) -> bool:
     return bool(infos) and all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)
 
 
+def load_plugin(path: str) -> None:
+    """Run the Python file at ``path`` (vLLM's ``--tool-parser-plugin``): it registers parsers by importing
+    ``langgraph_art.serve.parsers`` and decorating its classes. A missing file or an error in it is a
+    ``ConfigError`` naming the file."""
+    import runpy
+
+    from langgraph_art.errors import ConfigError
+
+    if not os.path.isfile(path):
+        raise ConfigError(f"--tool-parser-plugin {path!r} is not a file: pass the path of a .py file")
+    try:
+        runpy.run_path(path, run_name="langgraph_art_parser_plugin")
+    except Exception as exc:
+        raise ConfigError(f"--tool-parser-plugin {path!r} failed: {type(exc).__name__}: {exc}") from exc
+
+
 @app.command()
 def serve(
     model: Annotated[
@@ -83,6 +99,24 @@ def serve(
     chat_template: Annotated[
         str | None,
         typer.Option(help="a .jinja file, the template text, or 'chatml-tools' (bundled: ChatML with tool calls)"),
+    ] = None,
+    tool_call_parser: Annotated[
+        str,
+        typer.Option(
+            help="how tool calls are read from replies: 'auto' (from the chat template), 'hermes', 'xlam', "
+            "'llama3_json', 'pythonic', 'mistral', 'phi4_mini_json', 'openai', or one a plugin registers"
+        ),
+    ] = "auto",
+    reasoning_parser: Annotated[
+        str,
+        typer.Option(
+            help="how thinking is split from answers: 'auto' (from the chat template), 'none', 'qwen3', "
+            "'deepseek_r1', 'openai_gptoss', or one a plugin registers"
+        ),
+    ] = "auto",
+    tool_parser_plugin: Annotated[
+        str | None,
+        typer.Option(help="a Python file to run first that registers parsers (register_tool_call_parser)"),
     ] = None,
     trainer_process: Annotated[
         bool,
@@ -145,6 +179,8 @@ def serve(
     }
     try:
         template = read_chat_template(chat_template) if chat_template is not None else None
+        if tool_parser_plugin is not None:
+            load_plugin(tool_parser_plugin)
         training = TrainingOptions(process=trainer_process, ranks=trainer_ranks, torchrun=ranks is not None)
         service = build_service(
             model,
@@ -153,6 +189,8 @@ def serve(
             served_name=served_name,
             device=device,
             chat_template=template,
+            tool_call_parser=tool_call_parser,
+            reasoning_parser=None if reasoning_parser == "none" else reasoning_parser,
             engine_options=options,
             api_key=api_key,
             adapter_roots=adapter_root or [],

@@ -458,6 +458,8 @@ class Trainer:
             "policy_step": float(policy_step),
             **report.summary(groups),  # reward/mean (of the runs' weighted totals), reward/std, runs/failed, ...
             "rollout/sampled_tokens": float(sum(t.sampled_tokens() for g in groups for t in g.trajectories)),
+            # call-like text the server's tool-call parser could not read (it stayed content; see the models guide)
+            "tool_calls/unparsed": float(sum(t.unparsed_tool_calls() for g in groups for t in g.trajectories)),
             **(branch_metrics(branches, branch_mean) if self.branching else {}),
             **sampled,
             "time/rollout_s": rollout.seconds,

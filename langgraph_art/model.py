@@ -33,6 +33,12 @@ class TrainableModel(BaseModel):
             Hermes-style tool calls, for ChatML models whose own template writes no tools); the backend serves and
             trains the base model with it. None: the model's own. On a ``RemoteBackend`` the server's
             ``--chat-template`` decides, and setting it here is an error.
+        tool_call_parser: How tool calls are read from the base model's replies (vLLM's names: ``"hermes"``,
+            ``"xlam"``, ``"llama3_json"``, ``"pythonic"``, ``"mistral"``, ``"phi4_mini_json"``, ``"openai"``, or
+            ``"auto"``, chosen from the chat template). None: the backend's (``"auto"`` by default). On a
+            ``RemoteBackend`` the server's ``--tool-call-parser`` decides.
+        reasoning_parser: How thinking is split from answers (``"qwen3"``, ``"deepseek_r1"``, ``"openai_gptoss"``,
+            ``"auto"``, ``"none"``). None: the backend's.
 
     Example:
         ```python
@@ -46,6 +52,8 @@ class TrainableModel(BaseModel):
     project: str
     base_model: str = "tiny"
     chat_template: str | None = None
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
     _backend: Backend | None = PrivateAttr(default=None)
     _recorder: TurnRecorder = PrivateAttr(default_factory=TurnRecorder)
 

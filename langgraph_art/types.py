@@ -68,6 +68,8 @@ class Turn(BaseModel):
     ``grammar``: the llguidance grammar the server sampled under (structured output, a forced tool call), None for
     free text; the trainer recomputes the logprobs under the same mask. ``closing_tokens``: the last that many
     ``token_ids`` were chosen by the server to complete a structure ``max_tokens`` cut short (never trained on).
+    ``unparsed_tool_calls``: places in the reply that looked like a tool call but that the server's tool-call parser
+    could not read (they stayed in the content; a reward can penalise them).
     ``teacher_messages``: what a teacher sees in place of ``messages`` when it scores this turn's tokens (a
     privileged prompt, ``Teacher(prompt=...)``); None: the turn's own prompt. ``teacher_logprobs``: a served
     teacher's logprob of each of ``token_ids`` (``GRPOConfig.teacher_is_served``), written by the service before the
@@ -86,6 +88,7 @@ class Turn(BaseModel):
     finish_reason: str | None = None
     grammar: str | None = None
     closing_tokens: int = 0
+    unparsed_tool_calls: int = 0
     model: str | None = None
     policy_step: int | None = None
     call_id: str | None = None
@@ -188,6 +191,10 @@ class Trajectory(BaseModel):
     def sampled_tokens(self) -> int:
         """Tokens this run's model calls sampled (what it cost, whether or not it is trained on)."""
         return sum(len(turn.token_ids) for turn in self.turns())
+
+    def unparsed_tool_calls(self) -> int:
+        """Places in this run's replies that looked like a tool call but were not read as one (``Turn``)."""
+        return sum(turn.unparsed_tool_calls for turn in self.turns())
 
     def turns(self, nodes: Iterable[str] | None = None) -> list[Turn]:
         """Every turn in call order; only those made in the named nodes when ``nodes`` is given."""

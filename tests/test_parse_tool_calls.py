@@ -1,11 +1,19 @@
-"""The service's hermes-style tool-call parser (``serve/chat.py``): blocks are read as JSON, so what a string in the
-arguments says cannot end a block early, and nothing the model wrote is dropped."""
+"""The hermes tool-call parser (``serve/parsers/tool_calls.py``): blocks are read as JSON, so what a string in the
+arguments says cannot end a block early, and nothing the model wrote is dropped (a block it cannot read is counted)."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
-from langgraph_art.serve.chat import parse_tool_calls
+from langgraph_art.serve.parsers.tool_calls import Hermes
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """The content and the OpenAI tool calls the hermes parser reads in ``text``."""
+    parser = Hermes()
+    reply = parser.parse(text, ["a", "b", "search"])
+    return reply.content, parser.tool_calls(reply)
 
 
 def called(calls: list[dict]) -> list[tuple[str, dict]]:
@@ -47,6 +55,7 @@ def test_blocks_that_are_not_calls_stay_in_the_content() -> None:
         "no calls at all",
     ):
         assert parse_tool_calls(text) == (text, []), text
+        assert Hermes().parse(text, []).unparsed == (text != "no calls at all"), text
 
 
 def test_a_bad_block_before_a_good_one_keeps_both() -> None:

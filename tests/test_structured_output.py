@@ -70,12 +70,13 @@ def grammars(tokenizer: Any) -> Any:
 # -- the grammar a request asks for ---------------------------------------------------------------------------
 def test_the_template_s_tool_call_format_is_probed(calls: ToolCallFormat) -> None:
     """The tiny template writes <tool_call>{"name": ..., "arguments": ...}</tool_call>, the markers being tokens."""
-    assert calls == ToolCallFormat("<tool_call>", "</tool_call>", ('{"name": "', '", "arguments": '), "}", "")
+    head = ('<[2044]> "{\\"name\\": \\""', '"\\", \\"arguments\\": "')  # <[2044]>: the <tool_call> token
+    assert calls == ToolCallFormat("", head, '"}" <[2045]>', "", "")
 
 
 def test_a_template_without_tool_calls_cannot_force_them() -> None:
     class Plain:
-        def apply_chat_template(self, messages: Any, tokenize: bool) -> str:
+        def apply_chat_template(self, messages: Any, tokenize: bool, add_generation_prompt: bool = False) -> str:
             return "".join(m["content"] for m in messages)
 
     assert ToolCallFormat.probe(Plain()) is None
@@ -102,7 +103,8 @@ def test_each_request_kind_becomes_its_grammar(calls: ToolCallFormat) -> None:
     required = request_constraint(body(tools=TOOLS, tool_choice="required"), calls)
     assert required is not None
     assert "calls: call (call)*" in required.grammar  # parallel calls allowed, as OpenAI's default
-    assert "call: <tool_call> (call_0 | call_1) </tool_call>" in required.grammar
+    assert "call: call_0 | call_1\n" in required.grammar
+    assert 'call_0: <[2044]> "{\\"name\\": \\"" "get_weather" "\\", \\"arguments\\": " %json' in required.grammar
     assert [where for where, _ in required.schemas] == ["tools[0].function.parameters", "tools[1].function.parameters"]
 
     single = request_constraint(body(tools=TOOLS, tool_choice="required", parallel_tool_calls=False), calls)
@@ -111,7 +113,7 @@ def test_each_request_kind_becomes_its_grammar(calls: ToolCallFormat) -> None:
     named = request_constraint(
         body(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "no_args"}}), calls
     )
-    assert named is not None and '"{\\"name\\": \\"no_args\\", \\"arguments\\": "' in named.grammar
+    assert named is not None and '"{\\"name\\": \\"" "no_args" "\\", \\"arguments\\": "' in named.grammar
     assert "get_weather" not in named.grammar and "calls: call\n" in named.grammar
 
     either = request_constraint(body(tools=TOOLS, response_format=json_schema(JOKE)), calls)
@@ -389,7 +391,8 @@ def test_a_template_that_encodes_arguments_itself_gets_objects_and_its_own_forma
     from langgraph_art.models.grammar import Grammars
 
     calls = ToolCallFormat.probe(qwen_style)
-    assert calls == ToolCallFormat("<tool_call>", "</tool_call>", ('\n{"name": "', '", "arguments": '), "}\n", "\n")
+    head = ('<[2044]> "\\n{\\"name\\": \\""', '"\\", \\"arguments\\": "')
+    assert calls == ToolCallFormat("", head, '"}\\n" <[2045]>', '"\\n"', "")
     call = {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
     request = ChatCompletionRequest(
         model="tiny", messages=[*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [call]}]

@@ -65,6 +65,13 @@ class LocalBackend:
         chat_template: A ``.jinja`` file, the template text, or ``"chatml-tools"`` (the bundled ChatML template with
             Hermes-style tool calls): replaces the base models' own templates, for the engine and the trainers
             alike. A ``TrainableModel(chat_template=...)`` sets it for its base model (one template per base model).
+        tool_call_parser: How tool calls are read from the model's replies, by vLLM's names (``"hermes"``,
+            ``"xlam"``, ``"llama3_json"``, ``"pythonic"``, ``"mistral"``, ``"phi4_mini_json"``, ``"openai"``, or
+            one registered with ``langgraph_art.serve.parsers.register_tool_call_parser``); ``"auto"``: chosen from
+            the chat template (docs/guides/models.md). A ``TrainableModel(tool_call_parser=...)`` sets it for its
+            base model.
+        reasoning_parser: How thinking is split from the answer (``"qwen3"``, ``"deepseek_r1"``,
+            ``"openai_gptoss"``), ``"auto"`` from the chat template, ``"none"`` to leave replies whole.
 
     Raises:
         ConfigError: An engine option the engine does not take, or settings that cannot go together.
@@ -97,6 +104,8 @@ class LocalBackend:
         trainer_process: bool = False,
         trainer_ranks: int = 1,
         chat_template: str | Path | None = None,
+        tool_call_parser: str = "auto",
+        reasoning_parser: str = "auto",
     ) -> None:
         from langgraph_art.models.templates import read_chat_template
         from langgraph_art.serve.engines.choose import check_engine_options
@@ -118,7 +127,9 @@ class LocalBackend:
             process=trainer_process, ranks=trainer_ranks, share_weights=share if isinstance(share, bool) else None
         )  # where the trainers run, checked now (ConfigError) rather than at the first registration
         self.chat_template = read_chat_template(chat_template) if chat_template is not None else None
-        self._templates: dict[str, str | None] = {}  # base model -> the template its server and trainers use
+        self.tool_call_parser, self.reasoning_parser = tool_call_parser, reasoning_parser
+        # base model -> (chat template, tool-call parser, reasoning parser) its server (and trainers) use
+        self._serving: dict[str, tuple[str | None, str, str]] = {}
         self._services: dict[str, tuple[Service, EmbeddedServer]] = {}
         self._lock = threading.Lock()
 
@@ -145,7 +156,7 @@ class LocalBackend:
                     engine=self.engine,
                     served_name=base_model,
                     device=self.device,
-                    chat_template=self._templates.setdefault(base_model, self.chat_template),
+                    **self._serving_of(base_model),
                     engine_options=self._engine_options,
                     max_trainers=self.max_trainers,
                     training=self.training,
@@ -242,19 +253,34 @@ class LocalBackend:
         if step is not None:  # a model trained before: serve where it left off
             self._serve(model, step, checkpoint.step_dir(self.checkpoint_dir(model), step))
 
+    def _serving_of(self, base_model: str) -> dict[str, Any]:
+        """What ``base_model``'s service is built with: its template and parsers (this backend's unless a model of
+        it said otherwise first)."""
+        defaults = (self.chat_template, self.tool_call_parser, self.reasoning_parser)
+        template, tool_calls, reasoning = self._serving.setdefault(base_model, defaults)
+        return {"chat_template": template, "tool_call_parser": tool_calls,
+                "reasoning_parser": None if reasoning == "none" else reasoning}  # fmt: skip
+
     def _use_template(self, model: TrainableModel) -> None:
-        """The model's base model is served and trained with its ``chat_template`` (or this backend's)."""
+        """The model's base model is served and trained with its ``chat_template`` and parsers (or this
+        backend's): one of each per base model."""
         from langgraph_art.models.templates import read_chat_template
 
-        wanted = read_chat_template(model.chat_template) if model.chat_template is not None else self.chat_template
+        wanted = (
+            read_chat_template(model.chat_template) if model.chat_template is not None else self.chat_template,
+            model.tool_call_parser or self.tool_call_parser,
+            model.reasoning_parser or self.reasoning_parser,
+        )
         with self._lock:
-            current = self._templates.setdefault(model.base_model, wanted)
-        if current != wanted:
-            raise ConfigError(
-                f"{model.base_model!r} is already served here with another chat template than model {model.name!r} "
-                "asks for; a backend serves one template per base model: give both models the same chat_template, "
-                "or use another LocalBackend"
-            )
+            current = self._serving.setdefault(model.base_model, wanted)
+        for what, theirs, ours in zip(("chat template", "tool_call_parser", "reasoning_parser"), current, wanted,
+                                      strict=True):  # fmt: skip
+            if theirs != ours:
+                raise ConfigError(
+                    f"{model.base_model!r} is already served here with another {what} than model {model.name!r} "
+                    f"asks for; a backend serves one {what} per base model: give both models the same one, or use "
+                    "another LocalBackend"
+                )
 
     def chat_model_settings(self, model: TrainableModel) -> dict[str, Any]:
         """Where ``ChatART`` reaches the policy: the embedded server's URL, and clients that hand requests to its

@@ -85,6 +85,12 @@ class RemoteBackend:
                 f"model {model.name!r} sets chat_template, but a remote service renders with its own: start it with "
                 "`langgraph-art serve --chat-template FILE|chatml-tools` and drop chat_template from the model"
             )
+        for field, flag in (("tool_call_parser", "--tool-call-parser"), ("reasoning_parser", "--reasoning-parser")):
+            if getattr(model, field) is not None:
+                raise ConfigError(
+                    f"model {model.name!r} sets {field}, but a remote service reads replies with its own: start it "
+                    f"with `langgraph-art serve {flag} {getattr(model, field)}` and drop {field} from the model"
+                )
         register_policy(self.base_url, self.api_key, model.served_name)
         for url in self._other_replicas():
             register_policy(url, self.api_key, model.served_name)

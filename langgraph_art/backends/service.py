@@ -60,6 +60,8 @@ def build_service(
     served_name: str | None = None,
     device: str | None = None,
     chat_template: str | None = None,
+    tool_call_parser: str = "auto",
+    reasoning_parser: str | None = "auto",
     engine_options: Mapping[str, object] | None = None,
     api_key: str | None = None,
     adapter_roots: Sequence[str | os.PathLike[str]] = (),
@@ -76,7 +78,8 @@ def build_service(
     for another engine's). ``adapter_roots``: folders ``POST /v1/adapters`` may load from besides ``home``.
     ``training``: where the trainers run (``TrainingOptions``; its ``share_weights`` is checked against the engine's
     option of that name); ``ranks``: the torchrun group this process leads (``training.torchrun``).
-    ``trainer_factory``: another way to make trainers (a test's); by default ``train.factory.trainer_factory``."""
+    ``trainer_factory``: another way to make trainers (a test's); by default ``train.factory.trainer_factory``.
+    ``tool_call_parser``/``reasoning_parser``: how replies are read (``serve.app.create_app``)."""
     from langgraph_art.serve.app import create_app
     from langgraph_art.serve.engines.choose import build_engine, check_engine_options
 
@@ -87,7 +90,8 @@ def build_service(
     training = replace(training or TrainingOptions(), share_weights=share if isinstance(share, bool) else None)
     template = {"chat_template": chat_template} if chat_template is not None else {}
     built: Engine = build_engine(engine, model, served_name=served_name, device=device, **template, **options)
-    app = create_app(built, api_key=api_key, adapter_roots=[home, *adapter_roots])
+    app = create_app(built, api_key=api_key, adapter_roots=[home, *adapter_roots], tool_call_parser=tool_call_parser,
+                     reasoning_parser=reasoning_parser)  # fmt: skip
     if not train:
         return Service(built, app, None)
     from langgraph_art.backends.teacher_scoring import ServedTeacher

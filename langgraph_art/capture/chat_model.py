@@ -92,6 +92,9 @@ class ChatART(ChatOpenAI):
     base_urls: list[str] | None = None
     """Several servers of the same policy (replicas, e.g. ``RemoteBackend(replicas=[...])``): calls go to each in
     turn, and one that refuses the connection is skipped; ``base_url`` is the first."""
+    chat_template_kwargs: dict[str, Any] | None = None
+    """Variables for the served model's chat template (vLLM's request field), e.g. ``{"enable_thinking": False}``
+    for Qwen3: sent with every call."""
     in_process: Any = Field(default=None, exclude=True)
     """Set by a ``LocalBackend``: its server answers this model's non-streaming calls in this process, without
     the openai SDK (``serve/inprocess/``: an endpoint with ``wrap``, ``wraps`` and ``through_sdk``). None sends
@@ -211,6 +214,8 @@ class ChatART(ChatOpenAI):
         params = super()._default_params
         params["logprobs"] = True  # training needs every sampled token's logprob and id: never optional
         params["extra_body"] = {**(params.get("extra_body") or {}), "return_token_ids": True}
+        if self.chat_template_kwargs is not None:
+            params["extra_body"]["chat_template_kwargs"] = self.chat_template_kwargs
         return params
 
     def _create_chat_result(self, response: Any, generation_info: dict | None = None) -> ChatResult:
@@ -228,6 +233,11 @@ class ChatART(ChatOpenAI):
             if body.get("grammar") is not None:  # structured output: what the trainer recomputes the logprobs under
                 info["grammar"] = body["grammar"]
                 info["closing_tokens"] = choice.get("closing_tokens") or 0
+            if choice.get("unparsed_tool_calls"):  # call-like text the server's parser could not read
+                info["unparsed_tool_calls"] = choice["unparsed_tool_calls"]
+            reasoning = (choice.get("message") or {}).get("reasoning_content")
+            if reasoning is not None:  # thinking: LangChain's reasoning content block, never the text
+                generation.message.additional_kwargs["reasoning_content"] = reasoning
             generation.generation_info = info
         if isinstance(response, dict) and result.generations and choices and "refusal" in choices[0]["message"]:
             # an in-process answer is a dict; from a parsed response langchain-openai copies this one field
@@ -253,6 +263,11 @@ class ChatART(ChatOpenAI):
                     info[key] = raw[key]
         if choices[0].get("closing_tokens") is not None:  # on the last chunk of a structured choice
             info["closing_tokens"] = choices[0]["closing_tokens"]
+        if choices[0].get("unparsed_tool_calls"):
+            info["unparsed_tool_calls"] = choices[0]["unparsed_tool_calls"]
+        reasoning = (choices[0].get("delta") or {}).get("reasoning_content")
+        if reasoning is not None:
+            result.message.additional_kwargs["reasoning_content"] = reasoning
         result.generation_info = info or None
         return result
 

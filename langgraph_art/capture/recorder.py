@@ -94,6 +94,7 @@ class Choice:
     call_id: str | None
     grammar: str | None = None  # what the server sampled under (structured output, a forced tool call)
     closing_tokens: int = 0  # the last that many tokens were the server's, completing a structure cut short
+    unparsed_tool_calls: int = 0  # call-like text in the reply that the server's tool-call parser could not read
 
 
 def choices_of(result: LLMResult, invocation: dict[str, Any]) -> list[Choice]:
@@ -120,6 +121,7 @@ def choices_of(result: LLMResult, invocation: dict[str, Any]) -> list[Choice]:
                 call_id=_call_id(generation, result.llm_output),
                 grammar=info.get("grammar") if isinstance(info.get("grammar"), str) else None,
                 closing_tokens=int(info.get("closing_tokens") or 0),
+                unparsed_tool_calls=int(info.get("unparsed_tool_calls") or 0),
             )
         )
     return out
@@ -154,6 +156,7 @@ def build_turns(
                 finish_reason=choice.finish_reason,
                 grammar=choice.grammar,
                 closing_tokens=choice.closing_tokens,
+                unparsed_tool_calls=choice.unparsed_tool_calls,
                 model=choice.model,
                 policy_step=policy_step(choice.model),
                 call_id=choice.call_id,

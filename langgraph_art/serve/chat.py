@@ -1,4 +1,5 @@
-"""Chat <-> tokens around an engine: render prompts, turn samples into OpenAI messages, stream text safely.
+"""Chat <-> tokens around an engine: render prompts, logprob entries, stream text safely (samples become messages
+in ``parsers/reply.py``).
 
 Shared by every engine, so prompt ids, tool-call parsing and logprob entries are identical whatever samples.
 """
@@ -7,26 +8,27 @@ from __future__ import annotations
 
 import collections
 import json
-import re
 import threading
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from langgraph_art.errors import RequestError
-from langgraph_art.serve.engines.base import Sample
-
-TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
-_CLOSING = re.compile(r"\s*</tool_call>")
-_JSON = json.JSONDecoder()
+from langgraph_art.serve.parsers.reply import ReplyReader
 
 
-def render_prompt(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-    """Token ids of the chat-templated prompt, ending with the assistant generation header."""
+def render_prompt(
+    tokenizer: Any,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    template_kwargs: dict[str, Any] | None = None,
+) -> list[int]:
+    """Token ids of the chat-templated prompt, ending with the assistant generation header; ``template_kwargs``:
+    a request's ``chat_template_kwargs`` (``enable_thinking``, ...), given to the template as variables."""
     try:
         ids = tokenizer.apply_chat_template(
-            messages, tools=tools or None, add_generation_prompt=True, tokenize=True, return_dict=False
-        )
+            messages, tools=tools or None, add_generation_prompt=True, tokenize=True, return_dict=False,
+            **(template_kwargs or {}),
+        )  # fmt: skip
     except Exception as exc:
         raise RequestError(
             f"the messages cannot be rendered with this model's chat template: {exc}", "messages"
@@ -44,67 +46,28 @@ class PromptCache:
         self._ids: collections.OrderedDict[str, tuple[int, ...]] = collections.OrderedDict()
         self._lock = threading.Lock()
 
-    def render(self, tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+    def render(
+        self,
+        tokenizer: Any,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
         try:
-            key = json.dumps([messages, tools], sort_keys=True)
+            key = json.dumps([messages, tools, template_kwargs or {}], sort_keys=True)
         except (TypeError, ValueError):  # not plain JSON: render it, do not guess a key
-            return render_prompt(tokenizer, messages, tools)
+            return render_prompt(tokenizer, messages, tools, template_kwargs)
         with self._lock:
             ids = self._ids.get(key)
             if ids is not None:
                 self._ids.move_to_end(key)
                 return list(ids)
-        rendered = render_prompt(tokenizer, messages, tools)
+        rendered = render_prompt(tokenizer, messages, tools, template_kwargs)
         with self._lock:
             self._ids[key] = tuple(rendered)
             while len(self._ids) > self.size:
                 self._ids.popitem(last=False)
         return rendered
-
-
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """Split hermes-style ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks out of ``text``.
-
-    Returns the remaining content (None when nothing but tool calls was said) and OpenAI ``tool_calls``. A block's
-    JSON is read as JSON, so a string in the arguments may itself contain ``</tool_call>``. A block whose JSON is
-    invalid, lacks a name or is not closed right after stays in the content, so nothing the model wrote is dropped.
-    """
-    calls: list[dict[str, Any]] = []
-    kept: list[str] = []
-    last = at = 0
-    while (start := text.find(TOOL_CALL_OPEN, at)) != -1:
-        found = _block_at(text, start + len(TOOL_CALL_OPEN))
-        if found is None:
-            at = start + len(TOOL_CALL_OPEN)
-            continue
-        call, end = found
-        kept.append(text[last:start])
-        last = at = end
-        calls.append(call)
-    kept.append(text[last:])
-    if not calls:
-        return text, calls
-    content = "".join(kept)
-    return (content if content.strip() else None), calls
-
-
-def _block_at(text: str, at: int) -> tuple[dict[str, Any], int] | None:
-    """The call whose JSON starts at ``at`` (after white space) and the index just past its ``</tool_call>``."""
-    while at < len(text) and text[at].isspace():
-        at += 1
-    try:
-        data, end = _JSON.raw_decode(text, at)
-    except json.JSONDecodeError:
-        return None
-    closing = _CLOSING.match(text, end)
-    if closing is None or not isinstance(data, dict) or not isinstance(data.get("name"), str):
-        return None
-    arguments = data.get("arguments", data.get("parameters", {}))
-    if not isinstance(arguments, str):
-        arguments = json.dumps(arguments, ensure_ascii=False)
-    call = {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": data["name"], "arguments": arguments}}  # fmt: skip
-    return call, closing.end()
 
 
 class TokenText:
@@ -168,28 +131,25 @@ def logprob_content(
     return entries
 
 
-def assistant_message(sample: Sample, parse_tools: bool) -> tuple[dict[str, Any], str]:
-    """The OpenAI assistant message for a sample and its finish reason (``tool_calls`` when it called tools)."""
-    if parse_tools:
-        content, calls = parse_tool_calls(sample.text)
-        if calls:
-            return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
-    return {"role": "assistant", "content": sample.text}, sample.finish_reason
-
-
 class StreamedText:
-    """Releases streamed text that can no longer change: held back are a partial UTF-8 character, anything from
-    a ``<tool_call>`` on (sent as tool-call deltas at the end), and a suffix that could begin a stop string."""
+    """Releases streamed content that can no longer change. Held back: a partial UTF-8 character, a suffix that
+    could begin a stop string, anything from where a tool call may begin (sent as tool-call deltas at the end),
+    thinking (sent as ``reasoning_content`` at the end), and all of a reply whose format is made of special tokens
+    (harmony: its content is known at the end)."""
 
-    def __init__(self, tokenizer: Any, stops: Sequence[str], tools: bool) -> None:
-        self._tokenizer = tokenizer
-        self._markers = list(stops) + ([TOOL_CALL_OPEN] if tools else [])
+    def __init__(self, reader: ReplyReader, stops: Sequence[str], tools: bool) -> None:
+        self._reader = reader
+        self._markers = list(stops) + (list(reader.tool_parser.markers) if tools else [])
+        self._hold_all = reader.keeps_tokens
         self._ids: list[int] = []
         self.sent = ""
 
     def push(self, token_id: int) -> str:
         self._ids.append(token_id)
-        text = self._tokenizer.decode(self._ids, skip_special_tokens=True)
+        if self._hold_all:
+            return ""
+        text = self._reader.tokenizer.decode(self._ids, skip_special_tokens=True)
+        text = self._reader.visible(text)
         safe = len(text)
         for marker in self._markers:
             found = text.find(marker)

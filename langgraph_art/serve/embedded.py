@@ -62,6 +62,8 @@ class EmbeddedServer:
         engine: str = "hf",
         freeze_gc: bool = True,
         app: FastAPI | None = None,
+        tool_call_parser: str = "auto",
+        reasoning_parser: str | None = "auto",
         **engine_kwargs: Any,
     ) -> None:
         """``model``: a model (name, folder, hub id) for a new ``engine`` (``"hf"`` or ``"vllm"``, built with
@@ -69,7 +71,8 @@ class EmbeddedServer:
         (None: any; see ``create_app``). ``freeze_gc``: once loaded, move the objects alive then out of the garbage
         collector's view until ``stop()`` (``hold_frozen_heap``). ``app``: serve this app (``create_app``'s, with
         whatever routes it was given, e.g. a service's from ``backends.service.build_service``) instead of building
-        one; ``model``, ``api_key`` and ``adapter_roots`` are then the app's business."""
+        one; ``model``, ``api_key``, ``adapter_roots`` and the parsers are then the app's business.
+        ``tool_call_parser``/``reasoning_parser``: see ``create_app``."""
         from langgraph_art.serve.app import create_app
 
         if app is not None:
@@ -81,7 +84,8 @@ class EmbeddedServer:
 
                 model = build_engine(engine, model, **engine_kwargs)
             self.engine = model
-            self.app = create_app(self.engine, api_key=api_key, adapter_roots=adapter_roots)
+            self.app = create_app(self.engine, api_key=api_key, adapter_roots=adapter_roots,
+                                  tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser)  # fmt: skip
         self.api_key = api_key
         self._host, self._port = host, port
         self._server: Any = None

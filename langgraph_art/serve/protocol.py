@@ -19,6 +19,11 @@ from langgraph_art.serve.engines.base import SamplingParams
 from langgraph_art.serve.schemas import response_schema
 
 _FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+# apply_chat_template's own arguments: what the request's messages and tools decide, not a template variable
+_TEMPLATE_ARGUMENTS = frozenset(
+    {"messages", "conversation", "tools", "documents", "chat_template", "add_generation_prompt", "tokenize",
+     "return_dict", "continue_final_message", "return_assistant_tokens_mask", "padding", "truncation"}
+)  # fmt: skip
 
 
 class _Lenient(BaseModel):
@@ -123,6 +128,7 @@ class ChatCompletionRequest(_Lenient):
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
     ignore_eos: bool = False  # vLLM's extra parameter: sample up to max_tokens even past an end-of-turn token
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: variables for the chat template (enable_thinking)
     _answer_schema: tuple[dict[str, Any] | None] | None = PrivateAttr(default=None)
 
     def answer_schema(self) -> dict[str, Any] | None:
@@ -147,6 +153,12 @@ class ChatCompletionRequest(_Lenient):
             )
         if self.ignore_eos and self.max_tokens is None and self.max_completion_tokens is None:
             raise RequestError("ignore_eos needs max_tokens (it would sample to the end of the context)", "ignore_eos")
+        taken = sorted(set(self.chat_template_kwargs or {}) & _TEMPLATE_ARGUMENTS)
+        if taken:
+            raise RequestError(
+                f"chat_template_kwargs may not set {taken}: the request's own fields decide them",
+                "chat_template_kwargs",
+            )
         if self.top_logprobs and not self.logprobs:
             raise RequestError("top_logprobs needs logprobs=true", "top_logprobs")
         if isinstance(self.tool_choice, NamedToolChoice):

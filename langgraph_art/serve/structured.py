@@ -34,8 +34,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _NAME, _ARGS = "__langgraph_art_probe__", {"__langgraph_art_argument__": 1}
+_CALL_ID, _ANSWER = "pr0be0001", "__langgraph_art_answer__"  # a call id as Mistral's templates want it: 9 characters
 
 
 @dataclass(frozen=True)
@@ -48,41 +48,124 @@ class Constraint:
 
 @dataclass(frozen=True)
 class ToolCallFormat:
-    """How a model's chat template writes tool calls: ``open head(name) <arguments> tail close``, calls joined by
-    ``between``. ``open``/``close`` are Lark terms: ``<tool_call>`` where the marker is a token, else a string."""
+    """How a model's chat template writes tool calls, as Lark terms: ``prefix call (between call)* suffix`` where
+    ``call`` is ``head[0] NAME head[1] <arguments JSON> tail``. Text the vocabulary holds as one added token (a
+    ``<tool_call>``, ``[TOOL_CALLS]``, ``<|channel|>``) is that token (``<[id]>``), the rest string literals; a call
+    id the template writes becomes ``CALL_ID`` (9 letters and digits, what Mistral's templates accept). ``single``:
+    the template renders one call a message (Llama 3.1, gpt-oss), so the grammar allows one."""
 
-    open: str
-    close: str
-    head: tuple[str, str]  # the text before the arguments, split where the function's name goes
+    prefix: str
+    head: tuple[str, str]
     tail: str
     between: str
+    suffix: str
+    single: bool = False
 
     @classmethod
     def probe(cls, tokenizer: Any) -> ToolCallFormat | None:
-        """The format the tokenizer's chat template renders (two probe calls, their arguments a dict as the templates
-        expect: Qwen's applies ``tojson`` to them), or None when it does not write hermes-style
-        ``<tool_call>...</tool_call>`` blocks."""
-        call = {"type": "function", "function": {"name": _NAME, "arguments": _ARGS}}
-        messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call, call]}]
-        try:
-            text = tokenizer.apply_chat_template(messages, tokenize=False)
-        except Exception as exc:  # noqa: BLE001 - whatever the template raises, it cannot write tool calls
-            log.info("the chat template cannot render tool calls (%s): tool_choice cannot be enforced", exc)
+        """The format the tokenizer's chat template renders (two probe calls, else one; their arguments a dict as
+        the templates expect: Qwen's applies ``tojson`` to them), or None when it renders no call whose name and
+        JSON arguments can be found (a pythonic template writes its arguments as Python: no grammar)."""
+        rendered = _probe_reply(tokenizer, 2)
+        single = rendered is None
+        if single:
+            rendered = _probe_reply(tokenizer, 1)
+        if rendered is None:
             return None
+        reply, end = rendered
         arguments = json.dumps(_ARGS)
-        first = text.find(OPEN)
-        if first < 0 or text.count(_NAME) != 2 or text.count(arguments) != 2:
+        names = _positions(reply, _NAME)
+        args = _positions(reply, arguments)
+        calls = 1 if single else 2
+        if len(names) != calls or len(args) != calls or not all(n < a for n, a in zip(names, args, strict=True)):
             return None
-        end = text.find(CLOSE, first)
-        second = text.find(OPEN, end)
-        if end < 0 or second < 0:
-            return None
-        body = text[first + len(OPEN) : end]
-        head, _, tail = body.partition(arguments)
-        before, _, after = head.partition(_NAME)
-        vocabulary = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
-        marker = lambda m: m if m in vocabulary else json.dumps(m)  # noqa: E731 - a token, or text to spell out
-        return cls(marker(OPEN), marker(CLOSE), (before, after), tail, text[end + len(CLOSE) : second])
+        if reply.endswith(end) and end:
+            reply = reply[: len(reply) - len(end)]
+        first = reply[: names[0]]
+        middle = reply[names[0] + len(_NAME) : args[0]]
+        if single:
+            after = reply[args[0] + len(arguments) :]
+            opening, closing, between, prefix, suffix = first, after, "", "", ""
+        else:
+            if reply[names[1] + len(_NAME) : args[1]] != middle:
+                return None
+            gap = reply[args[0] + len(arguments) : names[1]]
+            opening = _common_suffix(first, gap)
+            prefix, gap = first[: len(first) - len(opening)], gap[: len(gap) - len(opening)]
+            after = reply[args[1] + len(arguments) :]
+            closing = _common_prefix(gap, after)
+            between, suffix = gap[len(closing) :], after[len(closing) :]
+        term = _Terms(tokenizer)
+        return cls(term(prefix), (term(opening), term(middle)), term(closing), term(between), term(suffix), single)
+
+
+def _probe_reply(tokenizer: Any, calls: int) -> tuple[str, str] | None:
+    """The text the template renders for an assistant turn of ``calls`` probe calls (after the generation prompt),
+    and the end-of-turn text it writes after a plain answer (to leave out: the engine ends the turn)."""
+    call = {"id": _CALL_ID, "type": "function", "function": {"name": _NAME, "arguments": _ARGS}}
+    user = [{"role": "user", "content": "x"}]
+    try:
+        prompt = tokenizer.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
+        turn = {"role": "assistant", "content": "", "tool_calls": [call] * calls}
+        text = tokenizer.apply_chat_template([*user, turn], tokenize=False)
+        plain = tokenizer.apply_chat_template([*user, {"role": "assistant", "content": _ANSWER}], tokenize=False)
+    except Exception as exc:  # noqa: BLE001 - whatever the template raises, it cannot write these tool calls
+        log.info("the chat template cannot render %d tool call(s) (%s)", calls, exc)
+        return None
+    if not text.startswith(prompt):
+        return None
+    end = plain[plain.find(_ANSWER) + len(_ANSWER) :] if _ANSWER in plain else ""
+    return text[len(prompt) :], end
+
+
+class _Terms:
+    """Text as a sequence of Lark terms: the vocabulary's added tokens found in it as ``<[id]>``, the probe's call
+    id as ``CALL_ID``, the rest as string literals."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+        self.tokens = sorted(((str(t), int(i)) for i, t in added.items() if len(str(t)) > 1), key=lambda p: -len(p[0]))
+
+    def __call__(self, text: str) -> str:
+        terms: list[str] = []
+        plain = ""
+        at = 0
+        while at < len(text):
+            if text.startswith(_CALL_ID, at):
+                terms += [_text(plain), "CALL_ID"]
+                plain, at = "", at + len(_CALL_ID)
+                continue
+            token = next(((t, i) for t, i in self.tokens if text.startswith(t, at)), None)
+            if token is not None:
+                terms += [_text(plain), f"<[{token[1]}]>"]
+                plain, at = "", at + len(token[0])
+                continue
+            plain += text[at]
+            at += 1
+        terms.append(_text(plain))
+        return _join(*terms)
+
+
+def _positions(text: str, part: str) -> list[int]:
+    found, at = [], text.find(part)
+    while at >= 0:
+        found.append(at)
+        at = text.find(part, at + len(part))
+    return found
+
+
+def _common_suffix(a: str, b: str) -> str:
+    n = 0
+    while n < min(len(a), len(b)) and a[len(a) - 1 - n] == b[len(b) - 1 - n]:
+        n += 1
+    return a[len(a) - n :]
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
 
 
 def request_constraint(body: ChatCompletionRequest, calls: ToolCallFormat | None) -> Constraint | None:
@@ -104,8 +187,9 @@ def request_constraint(body: ChatCompletionRequest, calls: ToolCallFormat | None
         return None
     if wanted and calls is None:
         raise RequestError(
-            "this model's chat template does not write tool calls as <tool_call>{...}</tool_call> blocks, so calls "
-            "cannot be enforced; use tool_choice='auto' or a model whose template renders tool_calls",
+            "this model's chat template renders no tool call whose name and JSON arguments can be found (it renders "
+            "none, or writes its arguments as Python), so calls cannot be enforced; use tool_choice='auto' or a "
+            "chat_template that renders tool_calls with JSON arguments",
             "tool_choice",
         )
     rules: list[str] = []
@@ -117,12 +201,15 @@ def request_constraint(body: ChatCompletionRequest, calls: ToolCallFormat | None
             name = tool.function.name
             params = strict_schema(tool.function.parameters or {"type": "object", "properties": {}})
             schemas.append((f"tools[{tools.index(tool)}].function.parameters", params))
-            head = calls.head[0] + json.dumps(name)[1:-1] + calls.head[1]
+            head = _join(calls.head[0], _text(json.dumps(name)[1:-1]), calls.head[1])
             names.append(f"call_{len(names)}")
-            rules.append(f"{names[-1]}: {_join(_text(head), _json(params), _text(calls.tail))}")
-        rules.append(f"call: {calls.open} ({' | '.join(names)}) {calls.close}")
-        single = named or body.parallel_tool_calls is False
-        rules.append("calls: call" if single else f"calls: call ({_join(_text(calls.between), 'call')})*")
+            rules.append(f"{names[-1]}: {_join(head, _json(params), calls.tail)}")
+        rules.append(f"call: {' | '.join(names)}")
+        single = named or body.parallel_tool_calls is False or calls.single
+        several = "" if single else f" ({_join(calls.between, 'call')})*"
+        rules.append(f"calls: {_join(calls.prefix, 'call' + several, calls.suffix)}")
+        if any("CALL_ID" in rule for rule in rules):
+            rules.append("CALL_ID: /[A-Za-z0-9]{9}/")
         alternatives.append("calls")
     if answer is not None and not forced:
         schemas.append(("response_format", answer))

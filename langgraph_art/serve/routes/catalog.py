@@ -33,9 +33,16 @@ class PolicyRegistration(BaseModel):
     name: str
 
 
-def catalog_router(engine: Engine, ready: Callable[[], Any], policies: set[str], roots: list[Path] | None) -> APIRouter:
+def catalog_router(
+    engine: Engine,
+    ready: Callable[[], Any],
+    policies: set[str],
+    roots: list[Path] | None,
+    parsers: Callable[[], dict[str, Any]] = dict,
+) -> APIRouter:
     """``policies``: registered trainable model names (served by the base model until their first checkpoint);
-    ``roots``: the folders adapters may be loaded from (None: any)."""
+    ``roots``: the folders adapters may be loaded from (None: any); ``parsers``: the parsers replies are read with
+    (shown on the base model in ``/v1/models``)."""
     router = APIRouter()
 
     @router.get("/v1/models")
@@ -51,6 +58,7 @@ def catalog_router(engine: Engine, ready: Callable[[], Any], policies: set[str],
                 "root": engine.base_model,
                 "parent": None,
                 "max_model_len": engine.max_model_len,
+                **parsers(),
             }
         ]
         for name, path in sorted(engine.adapters().items()):

@@ -22,9 +22,10 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from langgraph_art.errors import ModelNotFoundError, RequestError
 from langgraph_art.models.templates import renders_tools
-from langgraph_art.serve.chat import PromptCache, StreamedText, TokenText, assistant_message, logprob_content
+from langgraph_art.serve.chat import PromptCache, StreamedText, TokenText, logprob_content
 from langgraph_art.serve.closing import HOLD, close_result, needs_closing
 from langgraph_art.serve.engines.base import Engine, FinishedEvent, GenerationRequest, GenerationResult, token_budget
+from langgraph_art.serve.parsers.reply import FirstCall, ReplyReader
 from langgraph_art.serve.protocol import ChatCompletionRequest, error_body
 from langgraph_art.serve.structured import ToolCallFormat, request_constraint
 from langgraph_art.types import ModelRef
@@ -37,17 +38,37 @@ class ChatCompletions:
     """The chat completions endpoint: ``router()`` serves it over HTTP; ``complete`` answers a non-streaming
     request as the route does (the in-process client of ``inprocess.py`` calls it directly)."""
 
-    def __init__(self, engine: Engine, ready: Callable[[], TokenText], policies: set[str]) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        ready: Callable[[], TokenText],
+        policies: set[str],
+        tool_call_parser: str = "auto",
+        reasoning_parser: str | None = "auto",
+    ) -> None:
         self.engine, self.ready, self.policies = engine, ready, policies
         self.prompts = PromptCache()
+        self._parsers = (tool_call_parser, reasoning_parser)
+        self._reader: ReplyReader | None = None  # chosen once the engine's tokenizer is loaded
         self._calls: tuple[ToolCallFormat | None] | None = None  # probed once, from the engine's chat template
         self._renders_tools: bool | None = None  # likewise: does the template write a request's tools at all
         self._grammars: Any = None  # the engine's, once a request asked for a grammar
+
+    @property
+    def reader(self) -> ReplyReader:
+        """The engine's tool-call and reasoning parsers (``parsers/``), chosen from its template for ``"auto"``."""
+        if self._reader is None:
+            self._reader = ReplyReader(self.engine.tokenizer, *self._parsers)
+        return self._reader
 
     def tool_call_format(self) -> ToolCallFormat | None:
         if self._calls is None:
             self._calls = (ToolCallFormat.probe(self.engine.tokenizer),)
         return self._calls[0]
+
+    def stats(self) -> dict[str, float]:
+        """The parsers' counters (``tool_calls_parsed``, ``tool_calls_unparsed``) for ``/metrics``."""
+        return self.reader.stats() if self._reader is not None else {}
 
     def check_tools_rendered(self, body: ChatCompletionRequest) -> None:
         """A request whose tools the chat template would drop is refused: the model would never see them."""
@@ -72,7 +93,7 @@ class ChatCompletions:
         self.check_tools_rendered(body)
         adapter = resolve_adapter(self.engine, body.model, self.policies)
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
-        prompt = self.prompts.render(self.engine.tokenizer, body.template_messages(), tools)
+        prompt = self.prompts.render(self.engine.tokenizer, body.template_messages(), tools, body.chat_template_kwargs)
         request = GenerationRequest(prompt, body.sampling_params(), adapter, uuid.uuid4().hex)
         constraint = request_constraint(body, self.tool_call_format())
         if constraint is not None:
@@ -87,7 +108,7 @@ class ChatCompletions:
         """The response body and headers of a non-streaming request."""
         token_text, request = await self.prepare(body)
         result = await self.close(request, await self.engine.generate(request))
-        completion = _completion(body, result, token_text, request.request_id, request.grammar)
+        completion = _completion(body, result, token_text, request.request_id, request.grammar, self.reader)
         return completion, {CALL_ID_HEADER: request.request_id}
 
     async def close(
@@ -154,21 +175,41 @@ def resolve_adapter(engine: Engine, model: str, policies: set[str] | frozenset[s
     )
 
 
+def tool_names(body: ChatCompletionRequest) -> list[str] | None:
+    """The names of the tools a reply may call: None when it may call none (no tools, ``tool_choice="none"``)."""
+    return [tool.function.name for tool in body.tools or []] if body.tools_enabled() else None
+
+
+def one_call(body: ChatCompletionRequest) -> bool:
+    """True when the reply must hold at most one call (``parallel_tool_calls=false``, tools in play)."""
+    return body.tools_enabled() and body.parallel_tool_calls is False
+
+
 def _completion(
-    body: ChatCompletionRequest, result: GenerationResult, token_text: TokenText, call_id: str, grammar: str | None
+    body: ChatCompletionRequest,
+    result: GenerationResult,
+    token_text: TokenText,
+    call_id: str,
+    grammar: str | None,
+    reader: ReplyReader,
 ) -> dict[str, Any]:
     """The response body, with the null fields OpenAI's API sends (``refusal``, ``system_fingerprint``, token
     details): the openai SDK fills them in when it parses the JSON, and the in-process client hands this dict
-    to langchain-openai as it is, so both paths give the same message."""
+    to langchain-openai as it is, so both paths give the same message. With ``parallel_tool_calls=false`` each
+    sample ends with its first call (``ReplyReader.first_call``)."""
     choices = []
-    for sample in result.samples:
-        message, finish = assistant_message(sample, body.tools_enabled())
+    names = tool_names(body)
+    samples = [reader.first_call(s, names or []) if one_call(body) else s for s in result.samples]
+    for sample in samples:
+        reply = reader.read(sample, names)
         choice: dict[str, Any] = {
             "index": sample.index,
-            "message": {**message, "refusal": None},
-            "finish_reason": finish,
+            "message": {**reply.message, "refusal": None},
+            "finish_reason": reply.finish_reason,
             "logprobs": None,
         }
+        if reply.unparsed:
+            choice["unparsed_tool_calls"] = reply.unparsed
         if body.logprobs:
             content = logprob_content(sample.token_ids, sample.logprobs, sample.top_logprobs, token_text)
             choice["logprobs"] = {"content": content, "refusal": None}
@@ -177,7 +218,7 @@ def _completion(
             if grammar is not None:
                 choice["closing_tokens"] = sample.closing_tokens
         choices.append(choice)
-    completion_tokens = sum(len(s.token_ids) for s in result.samples)
+    completion_tokens = sum(len(s.token_ids) for s in samples)
     usage = _usage(len(result.prompt_token_ids), completion_tokens)
     response = {
         "id": f"chatcmpl-{call_id}",
@@ -215,8 +256,11 @@ async def _sse(
         "model": request.adapter or body.model,  # the adapter that answers: "agent" resolves to "agent@7"
     }
     tools = body.tools_enabled()
-    texts = [StreamedText(engine.tokenizer, request.params.stop, tools) for _ in range(body.n)]
+    reader, names = completions.reader, tool_names(body)
+    texts = [StreamedText(reader, request.params.stop, tools) for _ in range(body.n)]
     sent = [0] * body.n  # tokens streamed per choice
+    # parallel_tool_calls=false: a choice streams no token after the one that completes its first call
+    first_calls = [FirstCall(reader, names or []) if one_call(body) else None for _ in range(body.n)]
     # a constrained choice's tokens in the last HOLD positions of its budget wait for its end: closing.py
     held_from = token_budget(request, engine.max_model_len) - HOLD if request.grammar is not None else None
 
@@ -243,10 +287,14 @@ async def _sse(
         while True:
             if isinstance(event, FinishedEvent):
                 result = await completions.close(request, event.result, sent)
-                for sample in result.samples:
+                samples = [reader.first_call(s, names or []) if one_call(body) else s for s in result.samples]
+                for sample in samples:
                     for j in range(sent[sample.index], len(sample.token_ids)):  # held back, or the closing
                         yield token(sample.index, sample.token_ids[j], sample.logprobs[j], sample.top_logprobs[j])
-                    message, finish = assistant_message(sample, tools)
+                    reply = reader.read(sample, names)
+                    message = reply.message
+                    if message.get("reasoning_content") is not None:
+                        yield chunk(sample.index, {"reasoning_content": message["reasoning_content"]})
                     rest = texts[sample.index].rest(message.get("content"))
                     if rest:
                         yield chunk(sample.index, {"content": rest})
@@ -254,12 +302,19 @@ async def _sse(
                         yield chunk(sample.index, {"tool_calls": [{"index": k, **call}]})
                     closing = request.grammar is not None and body.return_token_ids
                     extra = {"closing_tokens": sample.closing_tokens} if closing else {}
-                    yield chunk(sample.index, {}, finish, **extra)
+                    if reply.unparsed:
+                        extra["unparsed_tool_calls"] = reply.unparsed
+                    yield chunk(sample.index, {}, reply.finish_reason, **extra)
                 if body.stream_options and body.stream_options.include_usage:
-                    usage = _usage(len(result.prompt_token_ids), sum(len(s.token_ids) for s in result.samples))
+                    usage = _usage(len(result.prompt_token_ids), sum(len(s.token_ids) for s in samples))
                     yield f"data: {json.dumps({**base, 'choices': [], 'usage': usage})}\n\n"
                 break
-            if held_from is None or sent[event.index] < held_from:
+            first_call = first_calls[event.index]
+            if first_call is not None and first_call.done:
+                pass  # past its first call: cut from the choice at the end, never streamed
+            elif held_from is None or sent[event.index] < held_from:
+                if first_call is not None:
+                    first_call.push(event.token_id)
                 yield token(event.index, event.token_id, event.logprob, event.top_logprobs)
             event = await anext(events)
     except Exception as exc:
