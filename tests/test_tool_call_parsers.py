@@ -417,3 +417,59 @@ def test_xlam_closes_a_call_whose_last_brace_the_model_left_out() -> None:
         '{"name": "lookup", "arguments": {"project": "Onyx',
     ):  # the arguments themselves unfinished
         assert xlam.parse(text, NAMES).calls == [], text
+
+
+def test_parser_names_are_checked_where_they_are_given(tmp_path: Any) -> None:
+    import langgraph_art as art
+    from langgraph_art.cli import load_plugin
+
+    with pytest.raises(ConfigError, match="no tool-call parser 'hermes2'"):
+        art.LocalBackend(home=tmp_path, tool_call_parser="hermes2")
+    with pytest.raises(ConfigError, match="no reasoning parser 'r1'"):
+        art.LocalBackend(home=tmp_path, reasoning_parser="r1")
+    with pytest.raises(ConfigError, match="is not a file"):
+        load_plugin(str(tmp_path / "missing.py"))
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text(
+        "from langgraph_art.serve.parsers import register_tool_call_parser\n"
+        "from langgraph_art.serve.parsers.tool_calls import Hermes\n"
+        "register_tool_call_parser('test_plugin')(type('Mine', (Hermes,), {'name': 'test_plugin'}))\n"
+    )
+    load_plugin(str(plugin))  # what `langgraph-art serve --tool-parser-plugin plugin.py` runs first
+    assert tool_call_parser("test_plugin").name == "test_plugin"
+    plugin.write_text("raise RuntimeError('broken plugin')\n")
+    with pytest.raises(ConfigError, match=r"plugin\.py' failed: RuntimeError: broken plugin"):
+        load_plugin(str(plugin))
+
+
+def test_a_remote_backend_refuses_parsers_set_on_the_model() -> None:
+    import langgraph_art as art
+
+    backend = art.RemoteBackend("http://127.0.0.1:9/v1")
+    model = art.TrainableModel(name="m", project="p", tool_call_parser="hermes")
+    with pytest.raises(ConfigError, match="--tool-call-parser hermes"):
+        backend.register(model)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "It is sunny in Paris today.",
+        'Let me check.\n```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```',
+        '{"name": "get_weather", "arguments": {"city": "Paris"}}',
+        'A brace { and a fence ``` in prose, then <tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+        "\n</tool_call> and after.",
+        '```json\n{"name": "not_bound", "arguments": {}}\n```',
+    ],
+)
+def test_the_streamed_message_is_the_non_streamed_one(tiny_path: Any, text: str) -> None:
+    from langgraph_art.serve.embedded import EmbeddedServer
+    from langgraph_art.serve.engines.hf.engine import HFEngine
+
+    with EmbeddedServer(ScriptedEngine(HFEngine(str(tiny_path), served_name="tiny"), text)) as server:
+        message = _ask(server)["choices"][0]["message"]
+        _, streamed = _streamed(server)
+    assert streamed["content"] == message["content"]
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in streamed["tool_calls"]] == [
+        (c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []
+    ]

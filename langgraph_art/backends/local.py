@@ -109,6 +109,7 @@ class LocalBackend:
     ) -> None:
         from langgraph_art.models.templates import read_chat_template
         from langgraph_art.serve.engines.choose import check_engine_options
+        from langgraph_art.serve.parsers import check_parsers
         from langgraph_art.train.factory import TrainingOptions
 
         self.home = Path(home) if home is not None else default_home()
@@ -127,6 +128,7 @@ class LocalBackend:
             process=trainer_process, ranks=trainer_ranks, share_weights=share if isinstance(share, bool) else None
         )  # where the trainers run, checked now (ConfigError) rather than at the first registration
         self.chat_template = read_chat_template(chat_template) if chat_template is not None else None
+        check_parsers(tool_call_parser, reasoning_parser)
         self.tool_call_parser, self.reasoning_parser = tool_call_parser, reasoning_parser
         # base model -> (chat template, tool-call parser, reasoning parser) its server (and trainers) use
         self._serving: dict[str, tuple[str | None, str, str]] = {}
@@ -265,7 +267,9 @@ class LocalBackend:
         """The model's base model is served and trained with its ``chat_template`` and parsers (or this
         backend's): one of each per base model."""
         from langgraph_art.models.templates import read_chat_template
+        from langgraph_art.serve.parsers import check_parsers
 
+        check_parsers(model.tool_call_parser or "auto", model.reasoning_parser)
         wanted = (
             read_chat_template(model.chat_template) if model.chat_template is not None else self.chat_template,
             model.tool_call_parser or self.tool_call_parser,

@@ -8,7 +8,8 @@ is used.
 Layout: ``engines/`` (``base`` the protocol every engine meets, ``hf/`` and ``vllm/`` the engines and their private
 parts, ``choose`` the name -> engine table), the app (``app``, ``http_errors``) and its ``routes/`` (completions,
 catalog, training), the wire format (``protocol``, ``schemas``), grammars from ``response_format``/tools
-(``structured``, ``closing``), prompts and tool calls around any engine (``chat``), checkpoints into an engine
+(``structured``, ``closing``), prompts around any engine (``chat``), how a reply is read per model family
+(``parsers/``: tool-call and reasoning parsers under vLLM's names), checkpoints into an engine
 (``publish``), and how this process reaches the app without sockets (``embedded``, ``inprocess``).
 """
 

@@ -48,15 +48,11 @@ def create_app(
     and each ``--adapter-root``); ``None`` allows any folder (an app built in your own process).
     ``tool_call_parser``/``reasoning_parser``: how replies are read (``serve/parsers``; vLLM's names), ``"auto"``:
     chosen from the chat template; an unknown name is a ``ConfigError`` here."""
-    from langgraph_art.serve.parsers import reasoning_parser as find_reasoning
-    from langgraph_art.serve.parsers import tool_call_parser as find_tool_calls
+    from langgraph_art.serve.parsers import check_parsers
 
+    check_parsers(tool_call_parser, reasoning_parser)
     if reasoning_parser == "none":
         reasoning_parser = None
-    if tool_call_parser != "auto":
-        find_tool_calls(tool_call_parser)
-    if reasoning_parser not in (None, "auto"):
-        find_reasoning(reasoning_parser)
     roots = None if adapter_roots is None else [Path(root).resolve() for root in adapter_roots]
     state: dict[str, Any] = {"error": None, "token_text": None}
 

@@ -20,6 +20,7 @@ __all__ = [
     "ParsedReply",
     "ReasoningParser",
     "ToolCallParser",
+    "check_parsers",
     "reasoning_parser",
     "register_reasoning_parser",
     "register_tool_call_parser",
@@ -47,6 +48,15 @@ def reasoning_parser(name: str) -> ReasoningParser:
             "template, or None: none). Register your own with langgraph_art.serve.parsers.register_reasoning_parser"
         )
     return REASONING_PARSERS[name]()
+
+
+def check_parsers(tool_calls: str, reasoning: str | None) -> None:
+    """``ConfigError`` for a parser name that is not registered (``"auto"`` and, for reasoning, ``"none"``/None are
+    always fine)."""
+    if tool_calls != "auto":
+        tool_call_parser(tool_calls)
+    if reasoning not in (None, "auto", "none"):
+        reasoning_parser(reasoning)
 
 
 def tool_call_parser_names() -> list[str]:

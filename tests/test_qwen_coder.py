@@ -1,0 +1,168 @@
+"""Qwen2.5-Coder-0.5B-Instruct, the first model here that looks like what users swap in: its own Qwen2.5 template
+with tools, and tool calls written its own way (a fenced or bare JSON object under ``tool_choice="auto"``, not the
+``<tool_call>`` tags the template shows it). Through ``ChatART`` as a user binds it: the calls it writes come back
+as ``tool_calls``, ``create_agent`` runs a tool loop on it, one call when parallel calls are off, and LangChain's
+standard chat-model suite runs against it. Greedy (temperature 0): every answer is fixed for a given build."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.tools import tool
+from langchain_tests.integration_tests import ChatModelIntegrationTests
+
+from langgraph_art.capture.chat_model import ChatART
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
+OWNERS = {"Onyx Forge": "Mara Lindqvist", "Blue Lantern": "Tomas Okafor", "Quartz Mill": "Ines Duarte"}
+
+
+@tool
+def lookup(project: str) -> str:
+    """Look up an internal project's owner, status and budget by its name."""
+    owner = OWNERS.get(project)
+    return json.dumps({"project": project, "owner": owner, "status": "on track"} if owner else {"error": "unknown"})
+
+
+@tool
+def get_weather(city: str, unit: str = "celsius") -> str:
+    """Current weather in a city; unit is 'celsius' or 'fahrenheit'."""
+    return json.dumps({"city": city, "temperature": 21, "unit": unit, "sky": "clear"})
+
+
+@pytest.fixture(scope="module")
+def qwen_server(qwen_path: Path) -> Iterator[Any]:
+    from langgraph_art.serve.embedded import EmbeddedServer
+
+    with EmbeddedServer("qwen2.5-coder-0.5b", served_name="qwen2.5-coder-0.5b") as running:
+        yield running
+
+
+def chat(server: Any, **fields: Any) -> ChatART:
+    settings = {"model": "qwen2.5-coder-0.5b", "base_url": server.base_url, "temperature": 0.0, "max_tokens": 64}
+    return ChatART(**{**settings, **server.in_process_clients(), **fields})
+
+
+def test_the_alias_is_the_pinned_file_with_qwen_s_own_template(qwen_path: Path) -> None:
+    from langgraph_art.models.gguf import QWEN2_5_CODER
+    from langgraph_art.models.loading import load_tokenizer
+    from langgraph_art.serve.parsers.reply import ReplyReader
+
+    source = json.loads((qwen_path / "source.json").read_text())
+    assert source["gguf_sha256"] == QWEN2_5_CODER["qwen2.5-coder-0.5b"].sha256  # verified before it was converted
+    assert json.loads((qwen_path / "config.json").read_text())["model_type"] == "qwen2"
+    tokenizer = load_tokenizer(str(qwen_path))
+    assert tokenizer.convert_tokens_to_ids(["<tool_call>", "</tool_call>"]) == [151657, 151658]
+    reader = ReplyReader(tokenizer)
+    assert (reader.tool_call_parser_name, reader.reasoning_parser_name) == ("xlam", None)
+
+
+QUESTIONS = [
+    ("Who owns the Onyx Forge project?", "lookup", {"project": "Onyx Forge"}),
+    ("What is the status of project Blue Lantern?", "lookup", {"project": "Blue Lantern"}),
+    ("What's the weather in Paris right now?", "get_weather", {"city": "Paris"}),
+    ("Tell me the current temperature in Tokyo in fahrenheit.", "get_weather", {"city": "Tokyo"}),
+]
+
+
+def test_bind_tools_under_auto_returns_the_calls_it_writes(qwen_server: Any) -> None:
+    """Untrained, the model writes a call in a fence or as bare JSON, never the template's <tool_call> tags: every
+    one comes back as a tool call (before issue 48 none did), and nothing was left unread."""
+    from langgraph_art.serve.parsers.tool_calls import Hermes
+
+    llm = chat(qwen_server).bind_tools([lookup, get_weather])
+    for question, name, arguments in QUESTIONS:
+        reply = llm.invoke(question)
+        raw = "".join(e["token"] for e in reply.response_metadata["logprobs"]["content"])
+        assert "<tool_call>" not in raw and Hermes().parse(raw, [name]).calls == [], raw  # its own way, not hermes
+        assert [c["name"] for c in reply.tool_calls] == [name], raw
+        assert arguments.items() <= reply.tool_calls[0]["args"].items(), raw
+    metrics = qwen_server.app.state.chat_completions.stats()
+    assert metrics["tool_calls_unparsed"] == 0 and metrics["tool_calls_parsed"] >= len(QUESTIONS)
+
+
+def test_create_agent_runs_a_tool_loop(qwen_server: Any) -> None:
+    from langchain.agents import create_agent
+
+    agent = create_agent(model=chat(qwen_server, max_tokens=96), tools=[lookup])
+    state = agent.invoke({"messages": [("user", "Who owns the Onyx Forge project?")]}, {"recursion_limit": 8})
+    messages = state["messages"]
+    called = [m for m in messages if isinstance(m, AIMessage) and m.tool_calls]
+    results = [m for m in messages if isinstance(m, ToolMessage)]
+    assert called and called[0].tool_calls[0]["name"] == "lookup"
+    assert results and "Mara Lindqvist" in results[0].content  # the tool ran on the parsed arguments
+    final = messages[-1]
+    assert isinstance(final, AIMessage) and not final.tool_calls and final.text
+
+
+def test_parallel_tool_calls_off_gives_one_call(qwen_server: Any) -> None:
+    question = "What is the weather in Paris, in Tokyo and in Oslo?"
+    llm = chat(qwen_server, max_tokens=96)
+    for choice in ("auto", "required"):
+        many = llm.bind_tools([get_weather], tool_choice=choice).invoke(question)
+        one = llm.bind_tools([get_weather], tool_choice=choice, parallel_tool_calls=False).invoke(question)
+        assert len(one.tool_calls) == 1, (choice, one)
+        assert one.tool_calls[0] == {**many.tool_calls[0], "id": one.tool_calls[0]["id"]}  # the first of the same
+        kept = one.response_metadata["logprobs"]["content"]
+        assert [e["token_id"] for e in kept] == [e["token_id"] for e in many.response_metadata["logprobs"]["content"]][
+            : len(kept)
+        ]
+    # under "required" with parallel calls allowed the untrained 0.5B writes several (3 identical ones, measured)
+    assert len(llm.bind_tools([get_weather], tool_choice="required").invoke(question).tool_calls) > 1
+
+
+class TestChatARTQwenCoderIntegration(ChatModelIntegrationTests):
+    """LangChain's standard integration suite against Qwen2.5-Coder-0.5B-Instruct, in process as ``LocalBackend``
+    gives it, greedy. What this model cannot do is marked, with what it does instead."""
+
+    @pytest.fixture(autouse=True)
+    def _service(self, qwen_server: Any) -> None:
+        type(self)._server = qwen_server
+
+    @property
+    def chat_model_class(self) -> type[ChatART]:
+        return ChatART
+
+    @property
+    def chat_model_params(self) -> dict[str, Any]:
+        server = self._server
+        return {"model": "qwen2.5-coder-0.5b", "base_url": server.base_url, "max_tokens": 48, "max_retries": 0,
+                "temperature": 0.0, **server.in_process_clients()}  # fmt: skip
+
+    @property
+    def has_tool_choice(self) -> bool:
+        return True
+
+    @property
+    def has_structured_output(self) -> bool:
+        return True
+
+    @property
+    def returns_usage_metadata(self) -> bool:
+        return True
+
+    @property
+    def supports_json_mode(self) -> bool:
+        return True
+
+    # Forced (the suite binds with tool_choice and LangChain's default of parallel calls allowed) the untrained 0.5B
+    # writes the same call three times, every time: the grammar lets it stop after one, it does not. With
+    # parallel_tool_calls=False it makes one (test_parallel_tool_calls_off_gives_one_call above).
+    _REPEATS = "forced with parallel calls allowed, the untrained 0.5B repeats the call (3 identical calls)"
+
+    @pytest.mark.xfail(reason=_REPEATS, raises=AssertionError, strict=True)
+    def test_tool_calling(self, model: Any) -> None:
+        super().test_tool_calling(model)
+
+    @pytest.mark.xfail(reason=_REPEATS, raises=AssertionError, strict=True)
+    async def test_tool_calling_async(self, model: Any) -> None:
+        await super().test_tool_calling_async(model)
+
+    @pytest.mark.xfail(reason=_REPEATS, raises=AssertionError, strict=True)
+    def test_tool_calling_with_no_arguments(self, model: Any) -> None:
+        super().test_tool_calling_with_no_arguments(model)
