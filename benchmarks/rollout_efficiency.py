@@ -31,7 +31,7 @@ from langgraph.graph import START, MessagesState, StateGraph
 
 import langgraph_art as art
 from langgraph_art.capture.rollout import agather_groups
-from langgraph_art.serve.chat import assistant_message, render_prompt
+from langgraph_art.serve.chat import render_prompt
 from langgraph_art.serve.engines.base import GenerationRequest, SamplingParams
 from langgraph_art.sync import run_sync
 
@@ -91,7 +91,7 @@ async def engine_round(engine: Any, adapter: str | None, runs: int, calls: int, 
         results = await asyncio.gather(*(engine.generate(r) for r in requests))
         seconds += time.perf_counter() - start
         for conversation, result in zip(conversations, results, strict=True):
-            conversation.append(assistant_message(result.samples[0], parse_tools=False)[0])
+            conversation.append({"role": "assistant", "content": result.samples[0].text})
             conversation.append({"role": "user", "content": f"Step {i + 2}: go on."})
             tokens += len(result.samples[0].token_ids)
     return seconds, tokens

@@ -7,7 +7,8 @@ replies, the share that came back as ``tool_calls``: with the service's parser (
 ``"auto"``), and, on the same replies in the same run, with the hermes parser alone (what the project had before,
 and what vLLM is told for Qwen2.5).
 
-    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/tool_call_parsing.py --base-model qwen2.5-coder-0.5b
+    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/tool_call_parsing.py --base-model qwen2.5-coder-0.5b \
+        --temperatures 0 0.7 --seeds 0 1 2
 """
 
 from __future__ import annotations
@@ -89,11 +90,11 @@ def contains_call(text: str, names: list[str]) -> bool:
     return any(re.search(rf'"name"\s*:\s*"{name}"|\b{name}\s*\(', text) for name in names)
 
 
-def run(base_model: str, temperature: float, max_tokens: int) -> dict[str, Any]:
+def run(base_model: str, temperature: float, max_tokens: int, seed: int | None) -> dict[str, Any]:
     names = [t.name for t in TOOLS]
     with tempfile.TemporaryDirectory() as home, art.LocalBackend(home=home) as backend:
         model = art.TrainableModel(name="parsing", project="bench", base_model=base_model).register(backend)
-        llm = art.ChatART(model=model, temperature=temperature, max_tokens=max_tokens).bind_tools(TOOLS)
+        llm = art.ChatART(model=model, temperature=temperature, max_tokens=max_tokens, seed=seed).bind_tools(TOOLS)
         started = time.perf_counter()
         replies = [llm.invoke([("user", q)]) for q in QUESTIONS]
         seconds = time.perf_counter() - started
@@ -115,6 +116,7 @@ def run(base_model: str, temperature: float, max_tokens: int) -> dict[str, Any]:
     return {
         "base_model": base_model,
         "temperature": temperature,
+        "seed": seed,
         "parser": parser,
         "replies": len(rows),
         "with_call": len(with_call),
@@ -131,17 +133,20 @@ def main() -> None:
     parser.add_argument("--base-model", default="qwen2.5-coder-0.5b")
     parser.add_argument("--temperatures", type=float, nargs="+", default=[0.0, 0.7])
     parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="one sampled run per seed (T > 0)")
     parser.add_argument("--out", help="write every reply and verdict as JSON here")
     args = parser.parse_args()
-    results = [run(args.base_model, t, args.max_tokens) for t in args.temperatures]
+    runs = [(t, None) if t == 0 else (t, seed) for t in args.temperatures for seed in args.seeds]
+    results = [run(args.base_model, t, args.max_tokens, seed) for t, seed in dict.fromkeys(runs)]
     print(f"\n{args.base_model}, tool_choice='auto', {len(QUESTIONS)} questions needing a tool, 4 tools bound")
-    print("| temperature | parser (auto) | replies with a call | as tool_calls | share | hermes alone | s |")
-    print("|---:|---|---:|---:|---:|---:|---:|")
+    print("| temperature | seed | parser (auto) | replies with a call | as tool_calls | share | hermes alone | s |")
+    print("|---:|---:|---|---:|---:|---:|---:|---:|")
     for r in results:
         share = r["parsed"] / r["with_call"] if r["with_call"] else float("nan")
         hermes = r["hermes_parsed"] / r["with_call"] if r["with_call"] else float("nan")
-        print(f"| {r['temperature']} | {r['parser']['tool_call_parser']} | {r['with_call']}/{r['replies']} | "
-              f"{r['parsed']} | {share:.2f} | {hermes:.2f} | {r['seconds']:.0f} |")  # fmt: skip
+        print(f"| {r['temperature']} | {r['seed'] if r['seed'] is not None else '-'} | "
+              f"{r['parser']['tool_call_parser']} | {r['with_call']}/{r['replies']} | {r['parsed']} | {share:.2f} | "
+              f"{hermes:.2f} | {r['seconds']:.0f} |")  # fmt: skip
     for r in results:
         for row in r["rows"]:
             if row["contains_call"] and not row["parsed"]:
