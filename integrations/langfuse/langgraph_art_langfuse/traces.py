@@ -159,6 +159,7 @@ class SpanBuilder:
             "finish_reason": turn.finish_reason,
             "constrained": turn.grammar is not None,  # sampled under a grammar: structured output, a forced call
             "closing_tokens": turn.closing_tokens,  # appended by the server to close a structure max_tokens cut
+            "unparsed_tool_calls": turn.unparsed_tool_calls,  # call-like text the server's parser could not read
             "trainable": turn.trainable and turn.has_tokens,
             "source": turn.source,
             "call_id": turn.call_id,
