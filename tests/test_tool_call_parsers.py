@@ -473,3 +473,18 @@ def test_the_streamed_message_is_the_non_streamed_one(tiny_path: Any, text: str)
     assert [(c["function"]["name"], c["function"]["arguments"]) for c in streamed["tool_calls"]] == [
         (c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []
     ]
+
+
+def test_one_call_keeps_the_first_of_two_in_each_family(family: tuple[Family, Any]) -> None:
+    """``parallel_tool_calls=False`` under "auto": the reply's tokens up to the end of its first call, read as that
+    one call, in every family, list formats included (their list is left open where the first call ends)."""
+    spec, tokenizer = family
+    if not spec.parallel:
+        pytest.skip(f"{spec.name}'s template renders one call a message")
+    reader = ReplyReader(tokenizer)
+    sample = sample_of(tokenizer, rendered_reply(tokenizer, CALLS))
+    one = reader.first_call(sample, NAMES)
+    assert one.token_ids == sample.token_ids[: len(one.token_ids)] and len(one.token_ids) < len(sample.token_ids)
+    reply = reader.read(one, NAMES)
+    assert called(reply.message) == CALLS[:1] and reply.unparsed == 0, tokenizer.decode(one.token_ids)
+    assert not (reply.message["content"] or "").strip()

@@ -66,6 +66,10 @@ class ReplyReader:
         """True when the format is made of special tokens the engine's text leaves out (harmony, Mistral)."""
         return bool(self._kept)
 
+    def keeps(self, token_id: int) -> bool:
+        """True for a special token the format keeps in its text (``<|call|>``, ``[TOOL_CALLS]``)."""
+        return token_id in self._kept
+
     def visible(self, text: str) -> str:
         """What of a reply's text so far may be streamed as content: what follows the thinking (nothing while a
         thinking block is open, or may be opening)."""
@@ -169,6 +173,11 @@ class FirstCall:
         if self.done:
             return False
         self.ids.append(token_id)
+        ends = self.reader.tool_parser.call_ends
+        if ends is not None and not self.reader.keeps(token_id):  # read again only where a call can end
+            piece = self.reader.tokenizer.decode([token_id], skip_special_tokens=False)
+            if not any(c in piece for c in ends):
+                return False
         self.done = self.reader.has_call(self.ids, self.tools)
         return self.done
 

@@ -69,6 +69,9 @@ class ToolCallParser:
     name: ClassVar[str] = ""
     markers: ClassVar[tuple[str, ...]] = ()  # text that may begin a call: streamed content is held back from there
     kept_tokens: ClassVar[tuple[str, ...]] = ()  # special tokens kept in the text this parser reads
+    # the characters a call of this format can end with (None: any): with parallel calls off, a reply is read again
+    # only at a token holding one of them (or a kept token), to find where its first call ends
+    call_ends: ClassVar[str | None] = None
 
     def parse(self, text: str, tools: Collection[str]) -> ParsedReply:  # pragma: no cover - every parser has one
         raise NotImplementedError
@@ -137,6 +140,34 @@ def json_at(text: str, at: int) -> tuple[Any, int] | None:
         return None
 
 
+def list_at(text: str, at: int) -> tuple[Any, int] | None:
+    """``json_at``, and also a JSON list left open at the end of the text: its whole items, and the end of the text.
+    A reply read as it is sampled (``parallel_tool_calls=False`` stops at its first call) ends like that, and so
+    does the reply cut there."""
+    found = json_at(text, at)
+    if found is not None:
+        return found
+    at = len(text) - len(text[at:].lstrip())
+    if not text.startswith("[", at):
+        return None
+    items, at = [], at + 1
+    while True:
+        at = len(text) - len(text[at:].lstrip())
+        if at >= len(text):
+            break
+        try:
+            item, at = _JSON.raw_decode(text, at)
+        except json.JSONDecodeError:
+            return None
+        items.append(item)
+        at = len(text) - len(text[at:].lstrip())
+        if at < len(text) and text[at] == ",":
+            at += 1
+        elif at < len(text):
+            return None
+    return (items, len(text)) if items else None
+
+
 def calls_in(value: Any, tools: Collection[str] | None) -> list[tuple[str, str]] | None:
     """The calls a decoded JSON value holds: one call object, or a non-empty list of them; None when it is not
     that (every item must be a call)."""
@@ -165,6 +196,7 @@ class Hermes(ToolCallParser):
     in the content, counted as unparsed."""
 
     name = "hermes"
+    call_ends = ">"
     markers: ClassVar[tuple[str, ...]] = ("<tool_call>",)
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
     _closing = re.compile(r"\s*</tool_call>")
@@ -197,6 +229,7 @@ class Xlam(Hermes):
     """Hermes blocks, then Markdown fences and bare JSON holding calls of the bound tools (see the module)."""
 
     name = "xlam"
+    call_ends = ">}]`"
     markers = ("<tool_call>", "```", "{", "[")
     _fence = re.compile(r"```[ \t]*(?:json|tool_call|tool_code|JSON)?[ \t]*\n?")
 
@@ -263,7 +296,7 @@ class Xlam(Hermes):
         return [ParsedCall(name, arguments, start, end) for name, arguments in calls]
 
     def _bare(self, text: str, start: int, tools: Collection[str], repair: bool) -> list[ParsedCall]:
-        found = json_at(text, start)
+        found = list_at(text, start)
         if found is None and repair:
             found = _closed(text[start:])
             found = (found[0], len(text)) if found else None
@@ -289,6 +322,7 @@ class Llama3Json(ToolCallParser):
     3.2's JSON tool calling). Only bound tools' names are read; anything else is content."""
 
     name = "llama3_json"
+    call_ends = "};"
     markers = ("{",)
 
     def parse(self, text: str, tools: Collection[str]) -> ParsedReply:
@@ -311,14 +345,16 @@ class Pythonic(ToolCallParser):
     ``[get_weather(city="Paris", days=2)]``, read with ``ast`` (never evaluated). Only bound tools' names."""
 
     name = "pythonic"
+    call_ends = ")]"
     markers = ("[",)
 
     def parse(self, text: str, tools: Collection[str]) -> ParsedReply:
         stripped = text.strip()
-        if not (stripped.startswith("[") and stripped.endswith("]")):
+        if not stripped.startswith("["):
             return ParsedReply(text, [], 0)
+        closed = stripped if stripped.endswith("]") else stripped.rstrip(", ") + "]"  # left open: see list_at
         try:
-            tree = ast.parse(stripped, mode="eval").body
+            tree = ast.parse(closed, mode="eval").body
         except SyntaxError:
             return ParsedReply(text, [], 1)
         if not isinstance(tree, ast.List) or not tree.elts:
@@ -357,6 +393,7 @@ class Mistral(ToolCallParser):
     by ``name[ARGS]{...}`` once per call (v11 tokenizers). Ids are 9 letters and digits."""
 
     name = "mistral"
+    call_ends = "}]"
     TOOL_CALLS, ARGS = "[TOOL_CALLS]", "[ARGS]"
     markers = (TOOL_CALLS,)
     kept_tokens = (TOOL_CALLS, ARGS, "[CALL_ID]")
@@ -370,7 +407,7 @@ class Mistral(ToolCallParser):
         unparsed = at = 0
         while (start := text.find(self.TOOL_CALLS, at)) != -1:
             at = start + len(self.TOOL_CALLS)
-            found = json_at(text, at)
+            found = list_at(text, at)
             listed = calls_in(found[0], None) if found else None
             if found is not None and listed is not None:
                 calls.extend(ParsedCall(name, arguments, start, found[1]) for name, arguments in listed)
@@ -393,6 +430,7 @@ class Phi4MiniJson(ToolCallParser):
     """``functools[...]``: a JSON list of calls after the word ``functools`` (Phi-4-mini)."""
 
     name = "phi4_mini_json"
+    call_ends = "}]"
     MARKER = "functools"
     markers = (MARKER,)
 
@@ -401,7 +439,7 @@ class Phi4MiniJson(ToolCallParser):
         unparsed = at = 0
         while (start := text.find(self.MARKER, at)) != -1:
             at = start + len(self.MARKER)
-            found = json_at(text, at) if text[at : at + 1] == "[" else None
+            found = list_at(text, at) if text[at : at + 1] == "[" else None
             listed = calls_in(found[0], None) if found else None
             if found is None or listed is None:
                 unparsed += 1
@@ -418,6 +456,7 @@ class Harmony(ToolCallParser):
     ``to=functions.NAME`` is a call (its body the arguments); the content is the ``final`` channel's text."""
 
     name = "openai"
+    call_ends = "}>"
     START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
     ENDS = ("<|end|>", "<|call|>", "<|return|>")
     markers = (CHANNEL, START)
