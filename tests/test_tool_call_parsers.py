@@ -488,3 +488,26 @@ def test_one_call_keeps_the_first_of_two_in_each_family(family: tuple[Family, An
     reply = reader.read(one, NAMES)
     assert called(reply.message) == CALLS[:1] and reply.unparsed == 0, tokenizer.decode(one.token_ids)
     assert not (reply.message["content"] or "").strip()
+
+
+def test_thinking_reaches_langchain_as_a_reasoning_block_never_as_text(tiny_path: Any) -> None:
+    """Through ChatART, invoked and streamed: the message's text is the answer, its ``reasoning`` content block the
+    thinking, and its sampled tokens all of it (thinking included: trained as sampled)."""
+    from langgraph_art.capture.chat_model import ChatART
+    from langgraph_art.serve.embedded import EmbeddedServer
+    from langgraph_art.serve.engines.hf.engine import HFEngine
+
+    text = "<think>\nThe user greets me; keep it short.\n</think>\n\nHello there!"
+    engine = ScriptedEngine(HFEngine(str(tiny_path), served_name="tiny"), text)
+    with EmbeddedServer(engine, reasoning_parser="qwen3") as server:
+        llm = ChatART(model="tiny", base_url=server.base_url, max_retries=0)
+        chunks = list(llm.stream("hi"))
+        streamed = chunks[0]
+        for chunk in chunks[1:]:
+            streamed += chunk
+        for message in (llm.invoke("hi"), streamed):
+            assert message.text == "Hello there!"
+            reasoning = [b for b in message.content_blocks if b["type"] == "reasoning"]
+            assert [b["reasoning"] for b in reasoning] == ["The user greets me; keep it short."]
+        sampled = "".join(e["token"] for e in llm.invoke("hi").response_metadata["logprobs"]["content"])
+        assert sampled.startswith("<think>") and "Hello there!" in sampled

@@ -16,7 +16,10 @@ from typing import Any, Literal
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import ModelProfile
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.messages import content as content_types
+from langchain_core.messages.block_translators import openai as openai_blocks
+from langchain_core.messages.block_translators import register_translator
 from langchain_core.outputs import ChatGenerationChunk, ChatResult, LLMResult
 from langchain_core.utils.function_calling import convert_to_json_schema
 from langchain_openai import ChatOpenAI
@@ -38,6 +41,28 @@ from langgraph_art.types import ModelRef
 log = logging.getLogger(__name__)
 ENV_BASE_URL = "LANGGRAPH_ART_BASE_URL"
 ENV_API_KEY = "LANGGRAPH_ART_API_KEY"
+
+
+PROVIDER = "langgraph_art"  # ChatART's messages' model_provider: OpenAI's content blocks, and the reasoning block
+
+
+def _blocks(message: AIMessage) -> list[content_types.ContentBlock]:
+    """A ChatART message's standard content blocks: langchain-openai's, after a ``reasoning`` block for the
+    thinking the service's reasoning parser split off (``additional_kwargs["reasoning_content"]``, vLLM's field)."""
+    blocks = openai_blocks.translate_content(message)
+    return [*_reasoning(message), *blocks]
+
+
+def _chunk_blocks(message: AIMessageChunk) -> list[content_types.ContentBlock]:
+    return [*_reasoning(message), *openai_blocks.translate_content_chunk(message)]
+
+
+def _reasoning(message: AIMessage) -> list[content_types.ContentBlock]:
+    thinking = message.additional_kwargs.get("reasoning_content")
+    return [{"type": "reasoning", "reasoning": thinking}] if isinstance(thinking, str) else []
+
+
+register_translator(PROVIDER, _blocks, _chunk_blocks)
 
 
 class ChatART(ChatOpenAI):
@@ -238,6 +263,7 @@ class ChatART(ChatOpenAI):
             reasoning = (choice.get("message") or {}).get("reasoning_content")
             if reasoning is not None:  # thinking: LangChain's reasoning content block, never the text
                 generation.message.additional_kwargs["reasoning_content"] = reasoning
+            generation.message.response_metadata["model_provider"] = PROVIDER
             generation.generation_info = info
         if isinstance(response, dict) and result.generations and choices and "refusal" in choices[0]["message"]:
             # an in-process answer is a dict; from a parsed response langchain-openai copies this one field
@@ -268,6 +294,8 @@ class ChatART(ChatOpenAI):
         reasoning = (choices[0].get("delta") or {}).get("reasoning_content")
         if reasoning is not None:
             result.message.additional_kwargs["reasoning_content"] = reasoning
+        if result.message.response_metadata.get("model_provider") == "openai":
+            result.message.response_metadata["model_provider"] = PROVIDER
         result.generation_info = info or None
         return result
 
