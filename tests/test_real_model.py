@@ -102,9 +102,9 @@ def test_the_tools_template_writes_what_the_grammar_expects(smol_path: Path) -> 
 
     tokenizer = load_tokenizer(str(smol_path))
     calls = ToolCallFormat.probe(tokenizer)
-    open_tag, close_tag = tokenizer.convert_tokens_to_ids(["<tool_call>", "</tool_call>"])
-    assert calls is not None and calls.head[0] == f'<[{open_tag}]> "\\n{{\\"name\\": \\""'
-    assert calls.tail == f'"}}\\n" <[{close_tag}]>'
+    assert "<tool_call>" not in tokenizer.get_vocab()  # SmolLM2 spells the markers in ordinary tokens: text here
+    assert calls is not None and calls.head[0] == '"<tool_call>\\n{\\"name\\": \\""'
+    assert calls.tail == '"}\\n</tool_call>"'
     sampled = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     reader = ReplyReader(tokenizer)
     parsed = reader.tool_parser.parse(sampled, ["get_weather"])

@@ -134,7 +134,7 @@ def test_each_trajectory_is_a_trace_with_node_generation_and_tool_spans(receiver
             assert math.isclose(meta(gen, "logprob_sum"), sum(turn.logprobs), rel_tol=1e-9)
             assert meta(gen, "policy_step") == 1 and meta(gen, "node") == "agent"
             assert meta(gen, "constrained") is False and meta(gen, "closing_tokens") == 0
-            assert meta(gen, "unparsed_tool_calls") == 0
+            assert meta(gen, "unparsed_tool_calls") == turn.unparsed_tool_calls  # a broken block, now and then
             prompt = json.loads(a["langfuse.observation.input"])
             assert prompt["messages"] == turn.messages and prompt["tools"] == turn.tools
             assert json.loads(a["langfuse.observation.output"]) == turn.output
