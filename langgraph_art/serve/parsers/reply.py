@@ -36,9 +36,10 @@ class Reply:
 class ReplyReader:
     """One tokenizer's tool-call and reasoning parsers (chosen from its template for ``"auto"``, logged once)."""
 
-    def __init__(self, tokenizer: Any, tool_call_parser_name: str = "auto", reasoning_parser_name: str | None = "auto"):
+    def __init__(
+        self, tokenizer: Any, tool_call_parser_name: str = "auto", reasoning_parser_name: str | None = "auto"
+    ) -> None:
         self.tokenizer = tokenizer
-        why = "chosen"
         if tool_call_parser_name == "auto":
             tool_call_parser_name, why = detect_tool_call_parser(tokenizer)
             log.info("tool_call_parser='auto': %r (%s)", tool_call_parser_name, why)
