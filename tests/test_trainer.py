@@ -484,7 +484,9 @@ def test_step_memory_grows_linearly_with_sequence_length() -> None:
     growth = {tokens: growth_mib(str(tokens)) for tokens in (1024, 2048, 4096)}
     assert 0 < growth[1024] < growth[2048] < growth[4096], growth
     assert growth[4096] < 4.5 * growth[1024], growth
-    assert growth[4096] - growth[2048] < 2.5 * (growth[2048] - growth[1024]) + 64, growth
+    # each doubling adds about twice the last one's memory (linear: 2x; [T, T] matrices: 4x). The 2k point moves
+    # between runs on one machine (999 to 1169 MiB measured on an AMD EPYC), so the bound sits between the two
+    assert growth[4096] - growth[2048] < 3.0 * (growth[2048] - growth[1024]) + 64, growth
     # gradient checkpointing keeps one layer's activations at a time (measured: 2055 -> 981 MiB at 2 x 4096)
     assert growth_mib("4096", "--checkpointing") < 0.7 * growth[4096], growth
 
