@@ -7,6 +7,7 @@ standard chat-model suite runs against it. Greedy (temperature 0): every answer 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -116,9 +117,16 @@ def test_parallel_tool_calls_off_gives_one_call(qwen_server: Any) -> None:
     assert len(llm.bind_tools([get_weather], tool_choice="required").invoke(question).tool_calls) > 1
 
 
+@pytest.mark.skipif(
+    os.environ.get("LANGGRAPH_ART_QWEN_SUITE") != "1",
+    reason="LANGGRAPH_ART_QWEN_SUITE=1 runs LangChain's standard suite on Qwen2.5-Coder-0.5B (~4 min of one CI worker)",
+)
 class TestChatARTQwenCoderIntegration(ChatModelIntegrationTests):
     """LangChain's standard integration suite against Qwen2.5-Coder-0.5B-Instruct, in process as ``LocalBackend``
-    gives it, greedy. What this model cannot do is marked, with what it does instead."""
+    gives it, greedy. What this model cannot do is marked, with what it does instead. Outside CI's budget (the tests
+    above are the 0.5B's proof there; the tiny and SmolLM2 suites run in CI): ``LANGGRAPH_ART_QWEN_SUITE=1``.
+    Measured on 2 cores (AMD EPYC, AVX2): 35 passed, 3 expected failures, 11 skipped (multimodal, VCR, no override
+    model), 238 s."""
 
     @pytest.fixture(autouse=True)
     def _service(self, qwen_server: Any) -> None:
