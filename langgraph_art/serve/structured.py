@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _NAME, _ARGS = "__langgraph_art_probe__", {"__langgraph_art_argument__": 1}
+_PYTHON_ARGS = "__langgraph_art_argument__=1"  # how a pythonic template writes _ARGS
 _CALL_ID, _ANSWER = "pr0be0001", "__langgraph_art_answer__"  # a call id as Mistral's templates want it: 9 characters
 
 
@@ -60,12 +61,13 @@ class ToolCallFormat:
     between: str
     suffix: str
     single: bool = False
+    python: bool = False  # arguments written as Python keywords, ``name(city="Paris")`` (pythonic templates)
 
     @classmethod
     def probe(cls, tokenizer: Any) -> ToolCallFormat | None:
         """The format the tokenizer's chat template renders (two probe calls, else one; their arguments a dict as
         the templates expect: Qwen's applies ``tojson`` to them), or None when it renders no call whose name and
-        JSON arguments can be found (a pythonic template writes its arguments as Python: no grammar)."""
+        arguments can be found. Arguments are JSON, or Python keywords where a pythonic template writes them so."""
         rendered = _probe_reply(tokenizer, 2)
         single = rendered is None
         if single:
@@ -74,6 +76,8 @@ class ToolCallFormat:
             return None
         reply, end = rendered
         arguments = json.dumps(_ARGS)
+        python = arguments not in reply and _PYTHON_ARGS in reply
+        arguments = _PYTHON_ARGS if python else arguments
         names = _positions(reply, _NAME)
         args = _positions(reply, arguments)
         calls = 1 if single else 2
@@ -96,7 +100,8 @@ class ToolCallFormat:
             closing = _common_prefix(gap, after)
             between, suffix = gap[len(closing) :], after[len(closing) :]
         term = _Terms(tokenizer)
-        return cls(term(prefix), (term(opening), term(middle)), term(closing), term(between), term(suffix), single)
+        pieces = (term(prefix), (term(opening), term(middle)), term(closing), term(between), term(suffix))
+        return cls(*pieces, single=single, python=python)
 
 
 def _probe_reply(tokenizer: Any, calls: int) -> tuple[str, str] | None:
@@ -187,9 +192,8 @@ def request_constraint(body: ChatCompletionRequest, calls: ToolCallFormat | None
         return None
     if wanted and calls is None:
         raise RequestError(
-            "this model's chat template renders no tool call whose name and JSON arguments can be found (it renders "
-            "none, or writes its arguments as Python), so calls cannot be enforced; use tool_choice='auto' or a "
-            "chat_template that renders tool_calls with JSON arguments",
+            "this model's chat template renders no tool call whose name and arguments can be found, so calls cannot "
+            "be enforced; use tool_choice='auto' or a chat_template that renders tool_calls",
             "tool_choice",
         )
     rules: list[str] = []
@@ -203,7 +207,8 @@ def request_constraint(body: ChatCompletionRequest, calls: ToolCallFormat | None
             schemas.append((f"tools[{tools.index(tool)}].function.parameters", params))
             head = _join(calls.head[0], _text(json.dumps(name)[1:-1]), calls.head[1])
             names.append(f"call_{len(names)}")
-            rules.append(f"{names[-1]}: {_join(head, _json(params), calls.tail)}")
+            arguments = _python_arguments(params) if calls.python else _json(params)
+            rules.append(f"{names[-1]}: {_join(head, arguments, calls.tail)}")
         rules.append(f"call: {' | '.join(names)}")
         single = named or body.parallel_tool_calls is False or calls.single
         several = "" if single else f" ({_join(calls.between, 'call')})*"
@@ -216,6 +221,26 @@ def request_constraint(body: ChatCompletionRequest, calls: ToolCallFormat | None
         rules.append(f"answer: {_json(answer)}")
         alternatives.append("answer")
     return Constraint("\n".join([f"start: {' | '.join(alternatives)}", *rules]) + "\n", tuple(schemas))
+
+
+def _python_arguments(schema: dict[str, Any]) -> str:
+    """Keyword arguments ``key=<JSON value>`` for a pythonic call: the required ones in the schema's order, then
+    each optional one, in order, or not at all (a model that writes them in another order is held to this one;
+    with none required, the later optional ones only after the first).
+    Values are JSON valid against the property's schema (JSON's strings and numbers are Python's; the pythonic
+    parser reads ``true``/``false``/``null`` as well)."""
+    properties = schema.get("properties") or {}
+    required = [key for key in properties if key in set(schema.get("required") or ())]
+    optional = [key for key in properties if key not in required]
+
+    def argument(key: str) -> str:
+        return _join(_text(f"{key}="), _json(properties[key] or {}))
+
+    if not properties:
+        return ""
+    terms = [argument(key) for key in required] or [argument(optional.pop(0))]
+    text = _join(terms[0], *(_join('", "', t) for t in terms[1:]), *(f'(", " {argument(k)})?' for k in optional))
+    return text if required else f"({text})?"
 
 
 def _json(schema: dict[str, Any]) -> str:
