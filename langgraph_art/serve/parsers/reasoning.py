@@ -35,29 +35,21 @@ class Qwen3(ReasoningParser):
     START, END = "<think>", "</think>"
     kept_tokens = (START, END)
     opens = START
-
-    def split(self, text: str) -> tuple[str | None, str]:
-        stripped = text.lstrip()
-        if not stripped.startswith(self.START):
-            return None, text
-        body = stripped[len(self.START) :]
-        thinking, closed, rest = body.partition(self.END)
-        if not closed:
-            return thinking.strip("\n"), ""
-        return thinking.strip("\n"), rest.lstrip("\n")
-
-
-class DeepSeekR1(Qwen3):
-    name = "deepseek_r1"
+    prompt_opens = False  # True: the generation prompt opened <think>, so a reply starts inside its thinking
 
     def split(self, text: str) -> tuple[str | None, str]:
         stripped = text.lstrip()
         if stripped.startswith(self.START):
             stripped = stripped[len(self.START) :]
+        elif not self.prompt_opens:
+            return None, text
         thinking, closed, rest = stripped.partition(self.END)
-        if not closed:
-            return thinking.strip("\n"), ""
-        return thinking.strip("\n"), rest.lstrip("\n")
+        return thinking.strip("\n"), rest.lstrip("\n") if closed else ""
+
+
+class DeepSeekR1(Qwen3):
+    name = "deepseek_r1"
+    prompt_opens = True
 
 
 class GptOss(ReasoningParser):
