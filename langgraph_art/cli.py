@@ -190,7 +190,7 @@ def serve(
             device=device,
             chat_template=template,
             tool_call_parser=tool_call_parser,
-            reasoning_parser=None if reasoning_parser == "none" else reasoning_parser,
+            reasoning_parser=reasoning_parser,  # "none" is create_app's to read
             engine_options=options,
             api_key=api_key,
             adapter_roots=adapter_root or [],

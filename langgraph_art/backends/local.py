@@ -261,7 +261,7 @@ class LocalBackend:
         defaults = (self.chat_template, self.tool_call_parser, self.reasoning_parser)
         template, tool_calls, reasoning = self._serving.setdefault(base_model, defaults)
         return {"chat_template": template, "tool_call_parser": tool_calls,
-                "reasoning_parser": None if reasoning == "none" else reasoning}  # fmt: skip
+                "reasoning_parser": reasoning}  # fmt: skip
 
     def _use_template(self, model: TrainableModel) -> None:
         """The model's base model is served and trained with its ``chat_template`` and parsers (or this

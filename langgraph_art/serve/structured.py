@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-_NAME, _ARGS = "__langgraph_art_probe__", {"__langgraph_art_argument__": 1}
+PROBE_NAME, _ARGS = "__langgraph_art_probe__", {"__langgraph_art_argument__": 1}
+_USER = {"role": "user", "content": "x"}
 _PYTHON_ARGS = "__langgraph_art_argument__=1"  # how a pythonic template writes _ARGS
 _CALL_ID, _ANSWER = "pr0be0001", "__langgraph_art_answer__"  # a call id as Mistral's templates want it: 9 characters
 
@@ -78,7 +79,7 @@ class ToolCallFormat:
         arguments = json.dumps(_ARGS)
         python = arguments not in reply and _PYTHON_ARGS in reply
         arguments = _PYTHON_ARGS if python else arguments
-        names = _positions(reply, _NAME)
+        names = _positions(reply, PROBE_NAME)
         args = _positions(reply, arguments)
         calls = 1 if single else 2
         if len(names) != calls or len(args) != calls or not all(n < a for n, a in zip(names, args, strict=True)):
@@ -86,12 +87,12 @@ class ToolCallFormat:
         if reply.endswith(end) and end:
             reply = reply[: len(reply) - len(end)]
         first = reply[: names[0]]
-        middle = reply[names[0] + len(_NAME) : args[0]]
+        middle = reply[names[0] + len(PROBE_NAME) : args[0]]
         if single:
             after = reply[args[0] + len(arguments) :]
             opening, closing, between, prefix, suffix = first, after, "", "", ""
         else:
-            if reply[names[1] + len(_NAME) : args[1]] != middle:
+            if reply[names[1] + len(PROBE_NAME) : args[1]] != middle:
                 return None
             gap = reply[args[0] + len(arguments) : names[1]]
             opening = _common_suffix(first, gap)
@@ -104,18 +105,30 @@ class ToolCallFormat:
         return cls(*pieces, single=single, python=python)
 
 
+def render_probe_calls(tokenizer: Any, calls: int) -> str | None:
+    """The template's rendering of a user turn and an assistant turn of ``calls`` probe calls (named ``PROBE_NAME``);
+    None when the template cannot render that. What the grammar is read from, and what ``parsers.auto`` reads the
+    family from."""
+    call = {"id": _CALL_ID, "type": "function", "function": {"name": PROBE_NAME, "arguments": _ARGS}}
+    turn = {"role": "assistant", "content": "", "tool_calls": [call] * calls}
+    try:
+        return str(tokenizer.apply_chat_template([_USER, turn], tokenize=False))
+    except Exception as exc:  # noqa: BLE001 - whatever the template raises, it cannot write these tool calls
+        log.info("the chat template cannot render %d tool call(s) (%s)", calls, exc)
+        return None
+
+
 def _probe_reply(tokenizer: Any, calls: int) -> tuple[str, str] | None:
     """The text the template renders for an assistant turn of ``calls`` probe calls (after the generation prompt),
     and the end-of-turn text it writes after a plain answer (to leave out: the engine ends the turn)."""
-    call = {"id": _CALL_ID, "type": "function", "function": {"name": _NAME, "arguments": _ARGS}}
-    user = [{"role": "user", "content": "x"}]
+    text = render_probe_calls(tokenizer, calls)
+    if text is None:
+        return None
     try:
-        prompt = tokenizer.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
-        turn = {"role": "assistant", "content": "", "tool_calls": [call] * calls}
-        text = tokenizer.apply_chat_template([*user, turn], tokenize=False)
-        plain = tokenizer.apply_chat_template([*user, {"role": "assistant", "content": _ANSWER}], tokenize=False)
-    except Exception as exc:  # noqa: BLE001 - whatever the template raises, it cannot write these tool calls
-        log.info("the chat template cannot render %d tool call(s) (%s)", calls, exc)
+        prompt = tokenizer.apply_chat_template([_USER], add_generation_prompt=True, tokenize=False)
+        plain = tokenizer.apply_chat_template([_USER, {"role": "assistant", "content": _ANSWER}], tokenize=False)
+    except Exception as exc:  # noqa: BLE001 - it rendered the calls; a template failing here has no reply to read
+        log.info("the chat template cannot render a plain answer (%s)", exc)
         return None
     if not text.startswith(prompt):
         return None

@@ -13,22 +13,13 @@ from __future__ import annotations
 
 from typing import Any
 
-PROBE = "__langgraph_art_probe__"
-
-
-def render_probe(tokenizer: Any, calls: int = 1) -> str | None:
-    """The template's rendering of a conversation whose assistant turn is ``calls`` probe calls; None if it fails."""
-    call = {"id": "pr0be0001", "type": "function", "function": {"name": PROBE, "arguments": {"x": 1}}}
-    messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "", "tool_calls": [call] * calls}]
-    try:
-        return str(tokenizer.apply_chat_template(messages, tokenize=False))
-    except Exception:  # noqa: BLE001 - whatever the template raises, it cannot render this
-        return None
+from langgraph_art.serve.structured import PROBE_NAME as PROBE
+from langgraph_art.serve.structured import render_probe_calls
 
 
 def detect_tool_call_parser(tokenizer: Any) -> tuple[str, str]:
     """``(parser name, why)`` for the tokenizer's chat template."""
-    text = render_probe(tokenizer) or ""
+    text = render_probe_calls(tokenizer, 1) or ""  # the probe the forced-call grammar is read from
     at = text.find(PROBE)
     if at < 0:
         return "xlam", "the chat template renders no tool calls; reading the common ways of writing one"

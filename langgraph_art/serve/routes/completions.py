@@ -24,7 +24,14 @@ from langgraph_art.errors import ModelNotFoundError, RequestError
 from langgraph_art.models.templates import renders_tools
 from langgraph_art.serve.chat import PromptCache, StreamedText, TokenText, logprob_content
 from langgraph_art.serve.closing import HOLD, close_result, needs_closing
-from langgraph_art.serve.engines.base import Engine, FinishedEvent, GenerationRequest, GenerationResult, token_budget
+from langgraph_art.serve.engines.base import (
+    Engine,
+    FinishedEvent,
+    GenerationRequest,
+    GenerationResult,
+    Sample,
+    token_budget,
+)
 from langgraph_art.serve.parsers.reply import FirstCall, ReplyReader
 from langgraph_art.serve.protocol import ChatCompletionRequest, error_body
 from langgraph_art.serve.structured import ToolCallFormat, request_constraint
@@ -185,6 +192,14 @@ def one_call(body: ChatCompletionRequest) -> bool:
     return body.tools_enabled() and body.parallel_tool_calls is False
 
 
+def replies(body: ChatCompletionRequest, result: GenerationResult, reader: ReplyReader) -> list[Sample]:
+    """``result``'s samples as they are answered: each ending with its first call when ``one_call``."""
+    if not one_call(body):
+        return result.samples
+    names = tool_names(body) or []
+    return [reader.first_call(sample, names) for sample in result.samples]
+
+
 def _completion(
     body: ChatCompletionRequest,
     result: GenerationResult,
@@ -199,7 +214,7 @@ def _completion(
     sample ends with its first call (``ReplyReader.first_call``)."""
     choices = []
     names = tool_names(body)
-    samples = [reader.first_call(s, names or []) if one_call(body) else s for s in result.samples]
+    samples = replies(body, result, reader)
     for sample in samples:
         reply = reader.read(sample, names)
         choice: dict[str, Any] = {
@@ -287,7 +302,7 @@ async def _sse(
         while True:
             if isinstance(event, FinishedEvent):
                 result = await completions.close(request, event.result, sent)
-                samples = [reader.first_call(s, names or []) if one_call(body) else s for s in result.samples]
+                samples = replies(body, result, reader)
                 for sample in samples:
                     for j in range(sent[sample.index], len(sample.token_ids)):  # held back, or the closing
                         yield token(sample.index, sample.token_ids[j], sample.logprobs[j], sample.top_logprobs[j])
