@@ -12,6 +12,9 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from langchain_tests.integration_tests import ChatModelIntegrationTests
+
+from langgraph_art.capture.chat_model import ChatART
 from langgraph_art.testing import (
     WEATHER_ANSWER,
     WEATHER_CALL,
@@ -111,3 +114,29 @@ def assert_same_samples(
         for sample, reference in zip(result.samples, expected.samples, strict=True):
             assert sample.token_ids == reference.token_ids
             assert max(abs(a - b) for a, b in zip(sample.logprobs, reference.logprobs, strict=True)) < tolerance
+
+
+class ServedChatModelSuite(ChatModelIntegrationTests):
+    """LangChain's standard integration suite, set for a ChatART in front of our service: forced tool choice,
+    structured output and JSON mode (all enforced by the service's grammar), usage metadata. A suite class of a
+    test module subclasses it and says where the service is (``chat_model_params``)."""
+
+    @property
+    def chat_model_class(self) -> type[ChatART]:
+        return ChatART
+
+    @property
+    def has_tool_choice(self) -> bool:
+        return True
+
+    @property
+    def has_structured_output(self) -> bool:
+        return True
+
+    @property
+    def returns_usage_metadata(self) -> bool:
+        return True
+
+    @property
+    def supports_json_mode(self) -> bool:
+        return True

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from langchain_tests.integration_tests import ChatModelIntegrationTests
 from langchain_tests.unit_tests import ChatModelUnitTests
 
 from langgraph_art.capture.chat_model import ChatART
+from tests.helpers import ServedChatModelSuite
 
 
 class TestChatARTUnit(ChatModelUnitTests):
@@ -38,7 +38,7 @@ class TestChatARTUnit(ChatModelUnitTests):
 
 
 @pytest.mark.integration
-class TestChatARTIntegration(ChatModelIntegrationTests):
+class TestChatARTIntegration(ServedChatModelSuite):
     """The standard integration suite against the embedded tiny service.
 
     The tiny model is random-init: tests that need a model which understands the prompt are expected to fail below,
@@ -52,31 +52,11 @@ class TestChatARTIntegration(ChatModelIntegrationTests):
         type(self)._base_url = server.base_url
 
     @property
-    def chat_model_class(self) -> type[ChatART]:
-        return ChatART
-
-    @property
     def chat_model_params(self) -> dict[str, Any]:
         # room for a forced tool call or a small JSON object: the service closes one cut short, but not below its
         # shortest form. Greedy (temperature 0): every answer is fixed, so each expected failure below fails every
         # time (sampled at the service's default 1.0, 4 of them passed now and then)
         return {"model": "tiny", "base_url": self._base_url, "max_tokens": 40, "max_retries": 0, "temperature": 0.0}
-
-    @property
-    def has_tool_choice(self) -> bool:
-        return True
-
-    @property
-    def has_structured_output(self) -> bool:
-        return True
-
-    @property
-    def returns_usage_metadata(self) -> bool:
-        return True
-
-    @property
-    def supports_json_mode(self) -> bool:
-        return True
 
     @property
     def model_override_value(self) -> str:
@@ -132,7 +112,7 @@ class TestChatARTInProcessIntegration(TestChatARTIntegration):
 
 @pytest.mark.integration
 @pytest.mark.slow
-class TestChatARTRealModelIntegration(ChatModelIntegrationTests):
+class TestChatARTRealModelIntegration(ServedChatModelSuite):
     """The standard integration suite against SmolLM2-135M-Instruct (``smollm2-135m``, its bundled ChatML tool-call
     template), in process as ``LocalBackend`` gives it: a real model answers, so the tool-calling tests mean what they
     say. What a 135M model still cannot do is marked below, each with what it does instead."""
@@ -143,29 +123,9 @@ class TestChatARTRealModelIntegration(ChatModelIntegrationTests):
         type(self)._clients = smol_server.in_process_clients()
 
     @property
-    def chat_model_class(self) -> type[ChatART]:
-        return ChatART
-
-    @property
     def chat_model_params(self) -> dict[str, Any]:
         return {"model": "smollm2-135m", "base_url": self._base_url, "max_tokens": 48, "max_retries": 0,
                 "temperature": 0.0, **self._clients}  # fmt: skip
-
-    @property
-    def has_tool_choice(self) -> bool:
-        return True
-
-    @property
-    def has_structured_output(self) -> bool:
-        return True
-
-    @property
-    def returns_usage_metadata(self) -> bool:
-        return True
-
-    @property
-    def supports_json_mode(self) -> bool:
-        return True
 
     @property
     def model_override_value(self) -> str:

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import tool
-from langchain_tests.integration_tests import ChatModelIntegrationTests
 
 from langgraph_art.capture.chat_model import ChatART
+from tests.helpers import ServedChatModelSuite
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 OWNERS = {"Onyx Forge": "Mara Lindqvist", "Blue Lantern": "Tomas Okafor", "Quartz Mill": "Ines Duarte"}
@@ -121,7 +121,7 @@ def test_parallel_tool_calls_off_gives_one_call(qwen_server: Any) -> None:
     os.environ.get("LANGGRAPH_ART_QWEN_SUITE") != "1",
     reason="LANGGRAPH_ART_QWEN_SUITE=1 runs LangChain's standard suite on Qwen2.5-Coder-0.5B (~4 min of one CI worker)",
 )
-class TestChatARTQwenCoderIntegration(ChatModelIntegrationTests):
+class TestChatARTQwenCoderIntegration(ServedChatModelSuite):
     """LangChain's standard integration suite against Qwen2.5-Coder-0.5B-Instruct, in process as ``LocalBackend``
     gives it, greedy. What this model cannot do is marked, with what it does instead. Outside CI's budget (the tests
     above are the 0.5B's proof there; the tiny and SmolLM2 suites run in CI): ``LANGGRAPH_ART_QWEN_SUITE=1``.
@@ -133,31 +133,11 @@ class TestChatARTQwenCoderIntegration(ChatModelIntegrationTests):
         type(self)._server = qwen_server
 
     @property
-    def chat_model_class(self) -> type[ChatART]:
-        return ChatART
-
-    @property
     def chat_model_params(self) -> dict[str, Any]:
         server = self._server
         # 48 tokens: room for a forced call to be repeated (at 32 the budget, not the model, stops it after one)
         return {"model": "qwen2.5-coder-0.5b", "base_url": server.base_url, "max_tokens": 48, "max_retries": 0,
                 "temperature": 0.0, **server.in_process_clients()}  # fmt: skip
-
-    @property
-    def has_tool_choice(self) -> bool:
-        return True
-
-    @property
-    def has_structured_output(self) -> bool:
-        return True
-
-    @property
-    def returns_usage_metadata(self) -> bool:
-        return True
-
-    @property
-    def supports_json_mode(self) -> bool:
-        return True
 
     # Forced (the suite binds with tool_choice and LangChain's default of parallel calls allowed) the untrained 0.5B
     # writes the same call three times, every time: the grammar lets it stop after one, it does not. With
