@@ -87,11 +87,14 @@ def test_bind_tools_under_auto_returns_the_calls_it_writes(qwen_server: Any) -> 
     assert metrics["tool_calls_unparsed"] == 0 and metrics["tool_calls_parsed"] >= len(QUESTIONS)
 
 
-def test_create_agent_runs_a_tool_loop(qwen_server: Any) -> None:
+async def test_create_agent_runs_a_tool_loop_in_a_running_event_loop(qwen_server: Any) -> None:
+    """As a notebook or an async app runs it: ``ainvoke`` on the running loop, the model's fenced call read, the tool
+    run on its arguments, the result read, then an answer."""
     from langchain.agents import create_agent
 
     agent = create_agent(model=chat(qwen_server, max_tokens=96), tools=[lookup])
-    state = agent.invoke({"messages": [("user", "Who owns the Onyx Forge project?")]}, {"recursion_limit": 8})
+    question = {"messages": [("user", "Who owns the Onyx Forge project?")]}
+    state = await agent.ainvoke(question, {"recursion_limit": 8})
     messages = state["messages"]
     called = [m for m in messages if isinstance(m, AIMessage) and m.tool_calls]
     results = [m for m in messages if isinstance(m, ToolMessage)]
