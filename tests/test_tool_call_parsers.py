@@ -507,3 +507,17 @@ def test_thinking_reaches_langchain_as_a_reasoning_block_never_as_text(tiny_path
             assert [b["reasoning"] for b in reasoning] == ["The user greets me; keep it short."]
         sampled = "".join(e["token"] for e in llm.invoke("hi").response_metadata["logprobs"]["content"])
         assert sampled.startswith("<think>") and "Hello there!" in sampled
+
+
+def test_a_model_s_parsers_serve_its_base_model_and_another_model_cannot_change_them(tmp_path: Any) -> None:
+    import langgraph_art as art
+
+    with art.LocalBackend(home=tmp_path) as backend:
+        first = art.TrainableModel(name="a", project="p", tool_call_parser="hermes", reasoning_parser="none")
+        first.register(backend)
+        reader = backend.service("tiny")[0].app.state.chat_completions.reader
+        assert (reader.tool_call_parser_name, reader.reasoning_parser_name) == ("hermes", None)
+        other = art.TrainableModel(name="b", project="p", tool_call_parser="xlam")
+        with pytest.raises(ConfigError, match="another tool_call_parser than model 'b'"):
+            other.register(backend)
+        art.TrainableModel(name="c", project="p", tool_call_parser="hermes", reasoning_parser="none").register(backend)
