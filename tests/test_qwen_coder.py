@@ -104,6 +104,32 @@ async def test_create_agent_runs_a_tool_loop_in_a_running_event_loop(qwen_server
     assert isinstance(final, AIMessage) and not final.tool_calls and final.text
 
 
+async def test_resend_token_ids_continues_the_call_as_sampled(qwen_server: Any) -> None:
+    """With ``resend_token_ids=True`` the prompt after the tool result holds the call as the model wrote it (bare or
+    fenced JSON), not as the template renders it (``<tool_call>`` tags): the two turns continue each other, so they
+    train as one sequence. The template alone would not have given that prompt."""
+    from langchain_core.messages import HumanMessage
+
+    from langgraph_art.serve.chat import render_prompt
+    from langgraph_art.serve.protocol import ChatCompletionRequest
+
+    llm = chat(qwen_server, max_tokens=64, resend_token_ids=True)
+    bound = llm.bind_tools([lookup])
+    question = HumanMessage("Who owns the Onyx Forge project?")
+    call = await bound.ainvoke([question])
+    assert call.tool_calls and call.tool_calls[0]["name"] == "lookup"
+    result = ToolMessage(lookup.invoke(call.tool_calls[0]["args"]), tool_call_id=call.tool_calls[0]["id"])
+    await bound.ainvoke([question, call, result])
+    first, second = sorted(llm.recorder.unclaimed(), key=lambda turn: turn.start_time)
+    sampled = list(first.prompt_token_ids) + list(first.token_ids)
+    assert list(second.prompt_token_ids[: len(sampled)]) == sampled
+    tokenizer = qwen_server.app.state.chat_completions.engine.tokenizer
+    assert "<tool_call>" not in tokenizer.decode(first.token_ids)
+    as_served = ChatCompletionRequest(model="qwen2.5-coder-0.5b", messages=second.messages).template_messages()
+    assert render_prompt(tokenizer, as_served, second.tools)[: len(sampled)] != sampled
+    assert qwen_server.app.state.chat_completions.stats()["prompts_continued"] >= 1
+
+
 def test_parallel_tool_calls_off_gives_one_call(qwen_server: Any) -> None:
     question = "What is the weather in Paris, in Tokyo and in Oslo?"
     llm = chat(qwen_server, max_tokens=64)

@@ -65,6 +65,20 @@ def _reasoning(message: AIMessage) -> list[content_types.ContentBlock]:
 register_translator(PROVIDER, _blocks, _chunk_blocks)
 
 
+def sampled_token_ids(message: BaseMessage, model: str) -> list[int] | None:
+    """The ids a ChatART answer of served model ``model`` (at any checkpoint) was sampled as: its logprobs'
+    ``token_id``s, closing tokens included. None for any other message: another model's answer (another vocabulary,
+    a supervisor reading a worker's history) goes as text, for the template to render."""
+    if not isinstance(message, AIMessage) or message.response_metadata.get("model_provider") != PROVIDER:
+        return None
+    served = message.response_metadata.get("model_name")
+    if not isinstance(served, str) or ModelRef.parse(served).name != ModelRef.parse(model).name:
+        return None
+    entries = (message.response_metadata.get("logprobs") or {}).get("content") or []
+    ids = [int(e["token_id"]) for e in entries if isinstance(e, dict) and isinstance(e.get("token_id"), int)]
+    return ids if ids and len(ids) == len(entries) else None  # every token's id, or none sent
+
+
 class ChatART(ChatOpenAI):
     """A LangChain chat model backed by the langgraph-art inference service.
 
@@ -120,6 +134,14 @@ class ChatART(ChatOpenAI):
     chat_template_kwargs: dict[str, Any] | None = None
     """Variables for the served model's chat template (vLLM's request field), e.g. ``{"enable_thinking": False}``
     for Qwen3: sent with every call."""
+    resend_token_ids: bool = False
+    """Send each earlier answer of this served model back with the token ids it sampled (``token_ids`` on the
+    message): the server's next prompt continues those tokens instead of the chat template's rendering of the
+    message, so the model sees what it wrote and a run's turns train as one sequence, on the tokens sampled
+    (``serve/continuation.py``), where a model writes calls unlike its template (Qwen2.5-Coder). Off by default for
+    now: it changes what the model sees, and the untrained Qwen2.5-Coder-0.5B, greedy, repeats a call it sees in its
+    own writing where it answers after the template's (docs/guides/agents.md). The ids stand for the message: edit an
+    answer's text and drop its ``response_metadata["logprobs"]`` too."""
     in_process: Any = Field(default=None, exclude=True)
     """Set by a ``LocalBackend``: its server answers this model's non-streaming calls in this process, without
     the openai SDK (``serve/inprocess/``: an endpoint with ``wrap``, ``wraps`` and ``through_sdk``). None sends
@@ -242,6 +264,17 @@ class ChatART(ChatOpenAI):
         if self.chat_template_kwargs is not None:
             params["extra_body"]["chat_template_kwargs"] = self.chat_template_kwargs
         return params
+
+    def _get_request_payload(self, input_: Any, *, stop: list[str] | None = None, **kwargs: Any) -> dict:
+        payload = super()._get_request_payload(input_, stop=stop, **kwargs)
+        if self.resend_token_ids and isinstance(payload.get("messages"), list):
+            messages = self._convert_input(input_).to_messages()
+            if len(messages) == len(payload["messages"]):
+                for message, item in zip(messages, payload["messages"], strict=True):
+                    ids = sampled_token_ids(message, self.model_name)
+                    if ids is not None:
+                        item["token_ids"] = ids
+        return payload
 
     def _create_chat_result(self, response: Any, generation_info: dict | None = None) -> ChatResult:
         result = super()._create_chat_result(response, generation_info)

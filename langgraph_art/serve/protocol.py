@@ -52,6 +52,9 @@ class ChatMessage(_Lenient):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    # an earlier answer's sampled ids (``return_token_ids``), sent back by ChatART: the next prompt continues them
+    # instead of the template's rendering of the message (``serve/continuation.py``)
+    token_ids: list[int] | None = None
 
     def text(self, where: str) -> str:
         if self.content is None:
@@ -203,6 +206,10 @@ class ChatCompletionRequest(_Lenient):
                 item["name"] = message.name
             out.append(item)
         return out
+
+    def sampled_ids(self) -> dict[int, list[int]]:
+        """The messages sent with their sampled ``token_ids``, by index."""
+        return {i: m.token_ids for i, m in enumerate(self.messages) if m.token_ids}
 
     def tools_enabled(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"

@@ -74,8 +74,9 @@ class ChatCompletions:
         return self._calls[0]
 
     def stats(self) -> dict[str, float]:
-        """The parsers' counters (``tool_calls_parsed``, ``tool_calls_unparsed``) for ``/metrics``."""
-        return self.reader.stats() if self._reader is not None else {}
+        """The parsers' counters (``tool_calls_parsed``, ``tool_calls_unparsed``) and the prompts that continued
+        earlier answers' sampled ids (``prompts_continued``, ``prompts_rerendered``) for ``/metrics``."""
+        return {**(self.reader.stats() if self._reader is not None else {}), **self.prompts.counts}
 
     def check_tools_rendered(self, body: ChatCompletionRequest) -> None:
         """A request whose tools the chat template would drop is refused: the model would never see them."""
@@ -100,7 +101,9 @@ class ChatCompletions:
         self.check_tools_rendered(body)
         adapter = resolve_adapter(self.engine, body.model, self.policies)
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools] if body.tools else None
-        prompt = self.prompts.render(self.engine.tokenizer, body.template_messages(), tools, body.chat_template_kwargs)
+        prompt = self.prompts.render(
+            self.engine.tokenizer, body.template_messages(), tools, body.chat_template_kwargs, body.sampled_ids()
+        )
         request = GenerationRequest(prompt, body.sampling_params(), adapter, uuid.uuid4().hex)
         constraint = request_constraint(body, self.tool_call_format())
         if constraint is not None:
