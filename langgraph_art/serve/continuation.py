@@ -4,7 +4,7 @@ prompt as those tokens, not as the chat template renders the message.
 Why: a model's own writing of a call and its template's rendering of it differ (Qwen2.5-Coder writes a fenced JSON
 object; its template renders ``<tool_call>`` tags). Re-rendered, the next prompt does not start with the earlier
 prompt and answer, so the trainer cannot join the two turns: each is trained as its own sequence and the second one
-forwards the whole conversation again (a 0.5B lookup agent: 32 sequences for 16 runs). With the sampled tokens in
+forwards the whole conversation again. With the sampled tokens in
 the prompt the model sees what it wrote, and the turns of a run train as one sequence, on the tokens sampled.
 
 How, for an assistant message ``i`` with ids (text from the template, ids from the sampler)::
@@ -23,13 +23,10 @@ earlier messages (dropping an earlier turn's thinking, say) gets the template's 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from langgraph_art.errors import RequestError
-
-log = logging.getLogger(__name__)
 
 
 def render_text(
