@@ -484,9 +484,9 @@ def test_step_memory_grows_linearly_with_sequence_length() -> None:
     growth = {tokens: growth_mib(str(tokens)) for tokens in (1024, 2048, 4096)}
     assert 0 < growth[1024] < growth[2048] < growth[4096], growth
     # linear: 2x from 2k to 4k tokens; [T, T] matrices kept per layer (2 x 4 heads x 6 layers, 3.2 GB at 4k): ~4x.
-    # Measured on one AMD EPYC: 1.8x to 2.1x. The 1k point is the noisiest (409 MiB against ~500, with the 2k at 1181:
-    # the allocator's arenas), so it bounds only loosely: 4.2x to 5.2x measured, ~16x for [T, T] matrices
-    assert growth[4096] < 2.6 * growth[2048], growth
+    # Measured on one AMD EPYC: 1.8x to 2.5x (the 2k point moves between 818 and 1181 MiB: the allocator's arenas).
+    # The 1k point is as noisy (409 to 568 MiB), so it bounds only loosely: 3.7x to 5.2x measured, ~16x for [T, T]
+    assert growth[4096] < 3.0 * growth[2048], growth
     assert growth[4096] < 8 * growth[1024], growth
     # gradient checkpointing keeps one layer's activations at a time (measured: 2055 -> 981 MiB at 2 x 4096)
     assert growth_mib("4096", "--checkpointing") < 0.7 * growth[4096], growth
