@@ -306,7 +306,7 @@ class Trainer:
             max_concurrency=self.max_concurrency,
             store=self.store,
             recorders=[self.model.recorder],
-            metadata={"policy_step": policy_step, "training_run": self.run_id},
+            metadata={"policy_step": policy_step, "training_run": self.run_id, "iteration": iteration},
             resume=self.resume,
             delete_threads=deletes_threads(self.branching, self._own_checkpointer),  # as the steps' threads
         )

@@ -1,16 +1,20 @@
 """The shared test helpers live in ``langgraph_art.testing`` (the integrations' tests use them too); waiting on a
-condition is here."""
+condition and loading an example are here."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
+import json
 import os
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from langchain_tests.integration_tests import ChatModelIntegrationTests
 
@@ -37,8 +41,10 @@ __all__ = [
     "WEATHER_TOOL",
     "async_wait_until",
     "digit_share",
+    "example",
     "get_weather",
     "one_agent_graph",
+    "records",
     "tool_call_adapter",
     "tool_loop_graph",
     "train_tool_call_adapter",
@@ -140,3 +146,18 @@ class ServedChatModelSuite(ChatModelIntegrationTests):
     @property
     def supports_json_mode(self) -> bool:
         return True
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def example(name: str) -> Any:
+    """An example module, imported the way ``python examples/<name>.py`` finds its neighbours."""
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))
+    return importlib.import_module(name)
+
+
+def records(run_dir: Path) -> list[dict[str, Any]]:
+    """A training run's ``metrics.jsonl``, one dict per step or evaluation."""
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

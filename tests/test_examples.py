@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import subprocess
@@ -11,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.helpers import EXAMPLES, example, records
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,20 +32,8 @@ def test_example_runs(script: str, tmp_path: Path) -> None:
     assert out.stdout.strip()
 
 
-EXAMPLES = ROOT / "examples"
 # on the tiny model (codenames' default is the real one, measured in benchmarks/README.md); email_agent: below
 GALLERY = ["tic_tac_toe", "game_2048", "codenames", "summarizer", "router"]
-
-
-def example(name: str) -> Any:
-    """An example module, imported the way ``python examples/<name>.py`` finds its neighbours."""
-    if str(EXAMPLES) not in sys.path:
-        sys.path.insert(0, str(EXAMPLES))
-    return importlib.import_module(name)
-
-
-def records(run_dir: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.slow
