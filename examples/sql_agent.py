@@ -1,12 +1,14 @@
 """A SQL agent on a real SQLite database, in the shape of LangChain's SQL-agent tutorial, on Qwen2.5-Coder-0.5B.
 
 The database is a shop generated from a seed: customers, products, orders and their lines (4 related tables, ~11k
-rows, realistic names). LangChain's ``create_agent`` gets the tutorial's three tools, named as langchain-community's
-``SQLDatabaseToolkit`` names them: ``sql_db_list_tables()``, ``sql_db_schema(table_names)`` (each table's CREATE
-statement and 3 rows) and ``sql_db_query(query)``. The connection is read-only (SQLite's ``mode=ro`` and
-``PRAGMA query_only``): the agent can never write, attach or create a file. A query that runs longer than
-``QUERY_SECONDS`` is stopped (SQLite's progress handler) and the agent is told so; a result is cut at
-``MAX_ROWS`` rows. The agent has ``MAX_MODEL_CALLS`` model calls a question (``ModelCallLimitMiddleware``).
+rows, realistic names). The graph is the tutorial's (``build_graph``): the tables are listed for the agent, the model
+must then call ``sql_db_schema`` on the tables it picks, then it writes a query, runs it with ``sql_db_query``, reads
+the result and answers, or rewrites the query (at most ``MAX_QUERIES``). The tools are named, and answer, as
+langchain-community's ``SQLDatabaseToolkit`` does: ``sql_db_list_tables()``, ``sql_db_schema(table_names)`` (each
+table's CREATE statement and 3 rows), ``sql_db_query(query)``. The connection is read-only three ways (SQLite's
+``mode=ro``, ``PRAGMA query_only``, an authorizer that lets a statement only read): the agent can never write,
+attach or create a file. A query that runs longer than ``QUERY_SECONDS`` is stopped (SQLite's progress handler) and
+the agent is told so; a result is shown cut at ``MAX_ROWS`` rows.
 
 The questions come from templates that need a filter, a join or an aggregate, their parameters drawn from the data,
 each with a reference query. Reward, ``execution_match``: 1 when the rows of the agent's last query equal the
@@ -36,24 +38,24 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from harness import THREADS_OPTION, held_out_trainer, parse_args, report, trainable_model, use_threads
-from langchain.agents import AgentState, create_agent
-from langchain.agents.middleware import ModelCallLimitMiddleware
 from langchain.tools import InjectedState
-from langchain_core.messages import AIMessage
+from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import tool
+from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.prebuilt import ToolNode
 
 import langgraph_art as art
 
-SYSTEM = (
-    "You are an agent designed to interact with a SQLite database. Given a question, look at the tables in the "
-    "database, read the schema of the ones that matter, then write one syntactically correct SQLite query that "
-    "answers the question and run it with sql_db_query. Select only the columns the question asks for. If a query "
-    "fails, read the error, rewrite the query and run it again. When the result answers the question, give the "
-    "answer. You can only read the database: never write to it."
+SYSTEM = (  # the tutorial's generate_query prompt, without its "limit your query to at most 5 results"
+    "You are an agent designed to interact with a SQL database. Given an input question, create a syntactically "
+    "correct SQLite query to run, then look at the results of the query and return the answer. You can order the "
+    "results by a relevant column to return the most interesting examples in the database. Never query for all the "
+    "columns from a specific table, only ask for the relevant columns given the question. DO NOT make any DML "
+    "statements (INSERT, UPDATE, DELETE, DROP etc.) to the database."
 )
 QUERY_SECONDS = 2.0  # a query running longer is stopped
 MAX_ROWS = 20  # rows shown to the agent; the reward compares every row
-MAX_MODEL_CALLS = 6  # model calls per question: tables, schema, query, a retry or two, the answer
+MAX_QUERIES = 3  # queries per question: the first, and two rewrites after an error or an empty result
 
 FIRST_NAMES = ["Olivia", "Liam", "Emma", "Noah", "Ava", "Mateo", "Sofia", "Lucas", "Mia", "Elijah", "Amara", "Kenji",
                "Priya", "Omar", "Ingrid", "Diego", "Chloe", "Tariq", "Hannah", "Wei", "Fatima", "Jonas", "Leila",
@@ -155,8 +157,8 @@ def run_query(path: str | Path, query: str, *, seconds: float = QUERY_SECONDS) -
             raise
 
 
-class SQLState(AgentState):
-    """``create_agent``'s state with the database this question is about."""
+class SQLState(MessagesState):
+    """The graph's state: the conversation and the database this question is about."""
 
     database: str
 
@@ -346,18 +348,52 @@ def make_questions(path: Path, count: int, *, seed: int) -> list[dict[str, Any]]
 
 
 def scenario(question: dict[str, Any]) -> dict[str, Any]:
-    return {**question, "input": {"messages": [("user", question["question"])], "database": question["database"]}}
+    """``question`` as a scenario: the system prompt, the question, and its database in the state."""
+    messages = [("system", SYSTEM), ("user", question["question"])]
+    return {**question, "input": {"messages": messages, "database": question["database"]}}
 
 
 def build_graph(llm: art.ChatART) -> Any:
-    """LangChain's ``create_agent`` with the three tools, the system prompt and ``MAX_MODEL_CALLS`` model calls."""
-    return create_agent(
-        model=llm,
-        tools=TOOLS,
-        system_prompt=SYSTEM,
-        state_schema=SQLState,
-        middleware=[ModelCallLimitMiddleware(run_limit=MAX_MODEL_CALLS, exit_behavior="end")],
-    )
+    """The tutorial's graph: ``list_tables`` (no model: the call is made for it), ``call_get_schema`` (the model
+    must call ``sql_db_schema``, on tables it picks), ``get_schema``, then ``generate_query`` (it may call
+    ``sql_db_query`` or answer) and ``run_query`` in a loop, until it answers or has run ``MAX_QUERIES`` queries.
+    The tutorial's ``check_query`` (a model call that reviews each query before it runs) is left out: one more
+    model call a query, on two CPU cores."""
+    get_schema_call = llm.bind_tools([sql_db_schema], tool_choice="sql_db_schema", parallel_tool_calls=False)
+    query_or_answer = llm.bind_tools([sql_db_query], parallel_tool_calls=False)
+
+    def list_tables(state: SQLState) -> dict[str, Any]:
+        call = {"name": "sql_db_list_tables", "args": {}, "id": "list_tables", "type": "tool_call"}
+        tables = sql_db_list_tables.invoke({"state": state})
+        # (the tutorial adds AIMessage(f"Available tables: {tables}") too: the 0.5B then began its own turns with
+        # that line and wrote its call after it, as text)
+        return {"messages": [AIMessage("", tool_calls=[call]), ToolMessage(tables, tool_call_id="list_tables")]}
+
+    def call_get_schema(state: SQLState) -> dict[str, Any]:
+        return {"messages": [get_schema_call.invoke(state["messages"])]}
+
+    def generate_query(state: SQLState) -> dict[str, Any]:
+        return {"messages": [query_or_answer.invoke(state["messages"])]}
+
+    def after_query(state: SQLState) -> str:
+        return END if queries_run.fn(state) >= MAX_QUERIES else "generate_query"
+
+    def after_generate(state: SQLState) -> str:
+        return "run_query" if getattr(state["messages"][-1], "tool_calls", None) else END
+
+    graph = StateGraph(SQLState)
+    graph.add_node("list_tables", list_tables)
+    graph.add_node("call_get_schema", call_get_schema)
+    graph.add_node("get_schema", ToolNode([sql_db_schema]))
+    graph.add_node("generate_query", generate_query)
+    graph.add_node("run_query", ToolNode([sql_db_query]))
+    graph.add_edge(START, "list_tables")
+    graph.add_edge("list_tables", "call_get_schema")
+    graph.add_edge("call_get_schema", "get_schema")
+    graph.add_edge("get_schema", "generate_query")
+    graph.add_conditional_edges("generate_query", after_generate, ["run_query", END])
+    graph.add_conditional_edges("run_query", after_query, ["generate_query", END])
+    return graph.compile()
 
 
 def split(home: Path, seed: int, *, train: int, held_out: int) -> tuple[list[dict], list[dict]]:

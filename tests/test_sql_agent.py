@@ -128,14 +128,16 @@ def test_held_out_questions_are_on_the_training_database_and_on_one_never_seen(s
     assert {s["database"] for s in train} == {str(tmp_path / "sql-agent" / "shop-3.sqlite")}
     assert [Path(s["database"]).stem for s in held_out] == ["shop-3"] * 4 + ["shop-1003"] * 4
     assert not {s["question"] for s in train} & {s["question"] for s in held_out if "shop-3/" in s["id"]}
-    assert all(s["input"]["database"] == s["database"] and s["input"]["messages"] == [("user", s["question"])]
+    assert all(s["input"]["database"] == s["database"]
+               and s["input"]["messages"] == [("system", sql.SYSTEM), ("user", s["question"])]
                for s in train + held_out)  # fmt: skip
 
 
 @pytest.mark.slow
 def test_the_sql_agent_runs_create_agent_and_trains_a_step(sql: Any, tmp_path: Path) -> None:
-    """The example end to end on the tiny model (plumbing: the model is random): held-out evaluations on both
-    databases, a GRPO step, every run scored."""
+    """The example end to end on the tiny model (plumbing: the model is random): the tutorial's graph (the tables
+    listed, a forced schema call, then queries or an answer), held-out evaluations on both databases, a GRPO step,
+    every run scored."""
     argv = ["--base-model", "tiny", "--steps", "1", "--train-questions", "4", "--held-out", "4",
             "--eval-generations", "1", "--num-generations", "2", "--max-tokens", "16", "--threads", "1",
             "--home", str(tmp_path)]  # fmt: skip
@@ -147,3 +149,6 @@ def test_the_sql_agent_runs_create_agent_and_trains_a_step(sql: Any, tmp_path: P
         (0, 4, ["shop-0", "shop-1000"]),
         (1, 4, ["shop-0", "shop-1000"]),
     ]
+    run = summary["last_run"]  # the tables listed for the model, then its forced schema call, under a grammar
+    assert run.tool_calls()[0].name == "sql_db_list_tables" and run.tool_calls()[0].result.startswith("customers")
+    assert run.turns()[0].node == "call_get_schema" and run.turns()[0].grammar is not None
