@@ -134,7 +134,7 @@ def test_held_out_questions_are_on_the_training_database_and_on_one_never_seen(s
 
 
 @pytest.mark.slow
-def test_the_sql_agent_runs_create_agent_and_trains_a_step(sql: Any, tmp_path: Path) -> None:
+def test_the_sql_agent_runs_the_tutorials_graph_and_trains_a_step(sql: Any, tmp_path: Path) -> None:
     """The example end to end on the tiny model (plumbing: the model is random): the tutorial's graph (the tables
     listed, a forced schema call, then queries or an answer), held-out evaluations on both databases, a GRPO step,
     every run scored."""
