@@ -1,5 +1,5 @@
 """examples/sql_agent.py: the shop database, its questions, the read-only tools, the execution-match reward, and a
-training step through LangChain's ``create_agent``."""
+training step through the tutorial's graph."""
 
 from __future__ import annotations
 
