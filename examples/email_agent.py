@@ -37,6 +37,7 @@ from typing import Any
 from harness import (
     TEACHER_OPTIONS,
     THREADS_OPTION,
+    eval_runs,
     held_out_trainer,
     parse_args,
     report,
@@ -240,7 +241,7 @@ def held_out_summary(trainer: art.Trainer) -> list[dict[str, float]]:
     of the runs that answered right (mean)."""
     rows = []
     for e in trainer.evals:
-        runs = trainer.store.trajectories(split="eval", step=e["policy_step"])
+        runs = eval_runs(trainer, e)
         right = [r for r in runs if r.rewards.get("correct_answer") == 1]
         calls = [r.rewards.get("calls_before_answer", 0.0) for r in right]
         rows.append({"step": e["iteration"], "right": e["eval/reward/correct_answer"],

@@ -127,6 +127,14 @@ def warm_up(trainer: art.Trainer, examples: list[dict[str, Any]], args: argparse
         echo(f"warm-up: {args.warmup_steps} SFT steps, loss {losses[0]:.2f} -> {losses[-1]:.2f}")
 
 
+def eval_runs(trainer: art.Trainer, evaluation: dict[str, Any]) -> list[Any]:
+    """The runs of one of ``trainer.evals``: its policy step's stored eval runs, those of this evaluation of this
+    trainer (two evaluations share a policy step when the step between them made no update)."""
+    runs = trainer.store.trajectories(split="eval", step=evaluation["policy_step"])
+    return [run for run in runs if run.metadata.get("iteration") == evaluation["iteration"]
+            and run.metadata.get("training_run") == trainer.run_id]  # fmt: skip
+
+
 def report(trainer: art.Trainer, history: list[dict], *, echo: Any = print, shown: str = "a run") -> dict[str, Any]:
     """Print the 5-step reward means, every evaluation and ``shown`` (one run of the last evaluation); return them
     with the file paths and that run."""
@@ -137,7 +145,7 @@ def report(trainer: art.Trainer, history: list[dict], *, echo: Any = print, show
         echo(f"eval after step {e['iteration']:>3}: reward {e['eval/reward/mean']:.3f} ({e['eval/runs']:.0f} runs)")
     run_dir = Path(trainer.run_dir)
     echo(f"curve: {run_dir / 'reward_curve.png'}\nmetrics: {run_dir / 'metrics.jsonl'}")
-    runs = trainer.store.trajectories(split="eval", step=trainer.evals[-1]["policy_step"]) if trainer.evals else []
+    runs = eval_runs(trainer, trainer.evals[-1]) if trainer.evals else []
     if runs:
         echo(f"{shown} after training (reward {runs[0].reward or 0:.2f}):\n{render_transcript(runs[0])}")
     return {"curve": curve, "evals": trainer.evals, "run_dir": run_dir, "last_run": runs[0] if runs else None,

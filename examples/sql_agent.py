@@ -37,7 +37,7 @@ from contextlib import closing
 from pathlib import Path
 from typing import Annotated, Any
 
-from harness import THREADS_OPTION, held_out_trainer, parse_args, report, trainable_model, use_threads
+from harness import THREADS_OPTION, eval_runs, held_out_trainer, parse_args, report, trainable_model, use_threads
 from langchain.tools import InjectedState
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.tools import tool
@@ -411,9 +411,7 @@ def held_out_summary(trainer: art.Trainer) -> list[dict[str, Any]]:
     """Per evaluation: execution match overall, per database and per kind of question (from the questions' ids)."""
     rows = []
     for e in trainer.evals:
-        runs = [run for run in trainer.store.trajectories(split="eval", step=e["policy_step"])
-                if run.metadata.get("iteration") == e["iteration"]
-                and run.metadata.get("training_run") == trainer.run_id]  # fmt: skip
+        runs = eval_runs(trainer, e)
         row: dict[str, Any] = {"step": e["iteration"], "runs": len(runs), "match": e["eval/reward/execution_match"]}
         for part, name in ((0, "db"), (1, "kind")):
             groups: dict[str, list[float]] = {}

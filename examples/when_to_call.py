@@ -22,7 +22,16 @@ import json
 import random
 from typing import Any
 
-from harness import THREADS_OPTION, held_out_trainer, parse_args, report, trainable_model, use_threads, warm_up
+from harness import (
+    THREADS_OPTION,
+    eval_runs,
+    held_out_trainer,
+    parse_args,
+    report,
+    trainable_model,
+    use_threads,
+    warm_up,
+)
 from langchain.agents import create_agent
 from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
 from langchain_core.tools import tool
@@ -172,7 +181,7 @@ def rates(runs: list[Any], step: int) -> dict[str, float]:
 
 def call_rates(trainer: art.Trainer) -> list[dict[str, float]]:
     """``rates`` of each of the trainer's evaluations (the first: after the warm-up, before any GRPO step)."""
-    return [rates(trainer.store.trajectories(split="eval", step=e["policy_step"]), e["iteration"])
+    return [rates(eval_runs(trainer, e), e["iteration"])
             for e in trainer.evals]  # fmt: skip
 
 

@@ -62,7 +62,7 @@ ENGINES = [
 ]
 
 
-MODELS = ["tiny-128", "smollm2-135m"]
+MODELS = ["tiny-128", "smollm2-135m"]  # tests/conftest.py's SPLIT_BY_MODEL names them too: one xdist unit each
 CONTEXT = 512  # tokens: a long-context test on the real model stays a few seconds
 
 
