@@ -144,8 +144,12 @@ class GRPOConfig(BaseModel):
     )
     save_total_limit: int = Field(default=3, description="Checkpoints kept (pinned ones are kept besides).")
     seed: int = Field(default=0, description="Seeds the LoRA's initialisation.")
-    dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        default="auto", description="The trainer's weights; auto: bfloat16 on CUDA, float32 on CPU."
+    dtype: Literal["auto", "float32", "bfloat16", "bfloat16-autocast"] = Field(
+        default="auto",
+        description="The trainer's weights and compute. bfloat16-autocast: float32 weights, LoRA and AdamW state, the "
+        "model's body run under bfloat16 autocast. auto: bfloat16 on CUDA; on CPU float32, with bfloat16 autocast for "
+        "models of 1 GiB of weights and more where this CPU's bfloat16 matmul measures at least 1.5x its float32 "
+        "(AMX, AVX-512 BF16; on AVX2 alone bfloat16 is many times slower), logged at the trainer's start.",
     )
     gradient_checkpointing: bool | None = Field(
         default=None,

@@ -466,6 +466,67 @@ def test_trainer_dtype_follows_the_device(tiny_path: Path, tmp_path: Path) -> No
         trainer.update_config(GRPOConfig(dtype="float32"))
 
 
+def test_bfloat16_autocast_keeps_float32_weights_and_runs_the_body_in_bfloat16(tiny_path: Path, tmp_path: Path) -> None:
+    """What a CPU with a bfloat16 path trains in: the weights (shareable with the float32 engine), the LoRA, its
+    gradients and AdamW's state stay float32; the decoder's layers compute in bfloat16; the logprobs come from a
+    float32 head, so the gap to the float32 sampler is bfloat16's rounding of the body, not of the logits."""
+    from langgraph_art.train.trainer import train_dtype
+
+    assert train_dtype(GRPOConfig(dtype="bfloat16-autocast"), "cpu") == torch.float32
+    trainer = GRPOTrainer(str(tiny_path), CONFIG.model_copy(update={"dtype": "bfloat16-autocast"}),
+                          checkpoint_dir=tmp_path / "autocast")  # fmt: skip
+    assert trainer.autocast == torch.bfloat16
+    assert next(trainer.model.parameters()).dtype == torch.float32
+    group = make_group(trainer, [1.0, 0.0, 0.5, 0.25])  # sampled by the float32 model, as the engine would
+    seen: list[torch.dtype] = []
+    layer = trainer.model.get_decoder().layers[0].mlp
+    hook = layer.register_forward_hook(lambda module, args, out: seen.append(out.dtype))
+    result = trainer.step([group])
+    hook.remove()
+    assert result.updated and seen and set(seen) == {torch.bfloat16}
+    assert all(p.dtype == torch.float32 for p in trainer.trainable_parameters())
+    states = [s for s in trainer.optimizer.state.values() if "exp_avg" in s]
+    assert states and all(s["exp_avg"].dtype == torch.float32 for s in states)
+    assert 1e-4 < result.metrics["train/sampler_logprob_gap"] < 0.2
+    assert all(torch.isfinite(p).all() for p in trainer.trainable_parameters())
+
+
+def test_auto_dtype_on_cpu_autocasts_where_bfloat16_measured_faster(
+    tiny_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ "auto" on CPU: bfloat16 autocast only for a model above the size bound and where the measured bfloat16 matmul
+    is at least 1.5x float32's (an AMX Xeon measured 4.5x; an AVX2-only Zen 3 1/67x); float32 otherwise."""
+    from langgraph_art.models import precision
+    from langgraph_art.train import trainer as trainer_module
+
+    amx = precision.MatmulThroughput(float32=150.0, bfloat16=682.0, threads=1, flags=("amx_bf16",))
+    avx2 = precision.MatmulThroughput(float32=67.0, bfloat16=1.0, threads=1, flags=("avx2",))
+    level = precision.MatmulThroughput(float32=100.0, bfloat16=140.0, threads=1, flags=())
+    assert [precision.cpu_compute_dtype(t) for t in (amx, avx2, level)] == ["bfloat16", "float32", "float32"]
+    assert "682" in amx.describe() and "amx_bf16" in amx.describe()
+
+    def built(throughput: precision.MatmulThroughput, name: str) -> GRPOTrainer:
+        monkeypatch.setattr(trainer_module, "measure_matmul", lambda threads: throughput)
+        return GRPOTrainer(str(tiny_path), CONFIG, checkpoint_dir=tmp_path / name)
+
+    assert built(amx, "small").autocast is None  # the tiny model is below AUTOCAST_CPU_BYTES
+    monkeypatch.setattr(trainer_module, "AUTOCAST_CPU_BYTES", 0)
+    assert built(amx, "amx").autocast == torch.bfloat16
+    assert built(avx2, "avx2").autocast is None
+    assert built(level, "level").autocast is None
+    explicit = CONFIG.model_copy(update={"dtype": "float32"})
+    assert GRPOTrainer(str(tiny_path), explicit, checkpoint_dir=tmp_path / "f").autocast is None
+
+
+def test_matmul_throughput_is_measured_on_this_machine() -> None:
+    from langgraph_art.models.precision import gflops, measure_matmul
+
+    assert gflops("float32", (32, 32, 32), seconds=0.01) > 0
+    measured = measure_matmul(torch.get_num_threads())
+    assert measured.float32 > 0 and measured.bfloat16 > 0
+    assert measure_matmul(torch.get_num_threads()) is measured  # once per process
+
+
 @pytest.mark.slow
 def test_step_memory_grows_linearly_with_sequence_length() -> None:
     """One GRPO step of 2 runs x 1k, 2k and 4k sampled tokens on tiny-5m, each in a fresh process: the extra peak

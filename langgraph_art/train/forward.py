@@ -11,6 +11,7 @@ Which adapter is active is the caller's (``GRPOTrainer.adapter()``; the base mod
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from typing import Any
 
@@ -29,8 +30,11 @@ from langgraph_art.train.loss import (
 class PolicyForward:
     """The forward of ``model`` (a transformers causal LM) as the RL step and SFT use it."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, autocast: torch.dtype | None = None) -> None:
         self.model = model
+        # the body's matmuls in this dtype (CPU autocast over float32 weights: models/precision.py); the LM head and
+        # the logprobs stay in the weights' dtype (a bfloat16 logit of 20 is off by up to 0.06)
+        self.autocast = autocast
         self.keeps_logits = "logits_to_keep" in inspect.signature(model.forward).parameters
         # the LM head run in chunks over the body's hidden states; not for models that post-process their logits
         plain_head = not any(getattr(model.config, k, None) for k in ("final_logit_softcapping", "logit_scale"))
@@ -57,10 +61,14 @@ class PolicyForward:
         ``share_prefix``: run the rows' common prefix once (not under gradient checkpointing, which turns the KV
         cache off)."""
         if self.body is None or self.head is None:  # a model that post-processes its logits: the whole forward
-            logits = self.logits(ids, first)  # [B, T-first, V]
+            with self._autocast():
+                logits = self.logits(ids, first)  # [B, T-first, V]
+            logits = logits.float() if self.autocast is not None else logits
             allowed = masks.dense(0, targets.shape[1], targets.shape[0], logits.shape[-1]) if masks else None
             return token_logprobs_and_entropy(logits, targets, temp, allowed, apply_masks)
-        hidden = self.hidden(ids, first, share_prefix)  # [B, T-first, H]: position t predicts token t+1
+        with self._autocast():
+            hidden = self.hidden(ids, first, share_prefix)  # [B, T-first, H]: position t predicts token t+1
+        hidden = hidden.to(self.head.weight.dtype)
         if trained is None:
             chunk = chunk_tokens(ids.shape[0], self.head.out_features, chunk_size)
             return chunked_logprobs_and_entropy(hidden, self.head, targets, temp, chunk, masks, apply_masks)
@@ -74,6 +82,11 @@ class PolicyForward:
             torch.zeros(targets.shape, dtype=part.dtype, device=part.device).index_put((rows, cols), part[0])
             for part in out
         )
+
+    def _autocast(self) -> Any:
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.model.device.type, dtype=self.autocast)
 
     def hidden(self, ids: torch.Tensor, first: int, share_prefix: bool = True) -> torch.Tensor:
         """The final hidden states [B, T-first, H] of positions ``first-1 .. T-2`` (those predicting tokens

@@ -39,6 +39,7 @@ from langgraph_art.models.loading import (
     weight_bytes,
 )
 from langgraph_art.models.lora import HookedLora, SharedBase
+from langgraph_art.models.precision import AUTOCAST_CPU_BYTES, cpu_compute_dtype, measure_matmul
 from langgraph_art.train import checkpoint
 from langgraph_art.train.advantages import Advantages, group_advantages
 from langgraph_art.train.batches import (
@@ -61,10 +62,29 @@ log = logging.getLogger(__name__)
 
 
 def train_dtype(config: GRPOConfig, device: str | None) -> torch.dtype:
-    """The trainer's weights: ``config.dtype``; ``"auto"`` is bfloat16 on CUDA, float32 elsewhere."""
+    """The trainer's weights: ``config.dtype``; ``"auto"`` is bfloat16 on CUDA, float32 elsewhere (on CPU the
+    compute may still be bfloat16: ``autocast_dtype``)."""
+    if config.dtype == "bfloat16-autocast":
+        return torch.float32
     if config.dtype != "auto":
         return getattr(torch, config.dtype)
     return torch.bfloat16 if pick_device(device).startswith("cuda") else torch.float32
+
+
+def autocast_dtype(config: GRPOConfig, base: Any) -> torch.dtype | None:
+    """The dtype the body's matmuls run in under autocast, None for the weights' own: bfloat16 for
+    ``"bfloat16-autocast"``; for ``"auto"`` on CPU, bfloat16 for models of ``AUTOCAST_CPU_BYTES`` and more where
+    this CPU's bfloat16 matmul measured ``BF16_MIN_SPEEDUP`` times float32's (``models/precision.py``), logged."""
+    if config.dtype == "bfloat16-autocast":
+        return torch.bfloat16
+    if config.dtype != "auto" or base.device.type != "cpu" or next(base.parameters()).dtype != torch.float32:
+        return None
+    if weight_bytes(base) < AUTOCAST_CPU_BYTES:
+        return None
+    throughput = measure_matmul(torch.get_num_threads())
+    chosen = cpu_compute_dtype(throughput)
+    log.info("training in %s on this CPU: %s", chosen, throughput.describe())
+    return torch.bfloat16 if chosen == "bfloat16" else None
 
 
 class GRPOTrainer:
@@ -134,7 +154,8 @@ class GRPOTrainer:
         self._trims_heap = self._large and base.device.type == "cpu"  # after each step (see trim_heap)
         if self._trims_heap:
             return_large_buffers()  # activation temporaries would otherwise pile up in the heap (see there)
-        self.forward = PolicyForward(base)  # logprobs of sampled tokens without [B, T, V] logits (train/forward.py)
+        self.autocast = autocast_dtype(self.config, base)  # None: the weights' dtype
+        self.forward = PolicyForward(base, self.autocast)  # sampled tokens' logprobs, no [B, T, V] logits
         self._params = list(self._named_params.values())
         self.optimizer = torch.optim.AdamW(
             self._params, lr=self.config.learning_rate, weight_decay=self.config.weight_decay, foreach=True
