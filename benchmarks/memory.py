@@ -4,7 +4,9 @@ GRPOTrainer on the same model and task, each in a fresh process (peak RSS only g
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/memory.py [--models tiny-5m,qwen-0.5b-shape] [--who ours,trl]
 
 ``ours`` is the default (the 0.5B shape trains on the engine's weights: ``share_weights`` is on from 256 MiB),
-``ours-copy`` the same run with ``share_weights=False`` (merged adapters, the trainer's own copy of the model).
+``ours-copy`` the same run with ``share_weights=False`` (merged adapters, the trainer's own copy of the model),
+``ours-lean`` with ``gradient_checkpointing=True`` (by default, on CPU, a step trains without it where its activations
+fit in half the available memory: faster, and the memory is spent; ``train/activations.py``).
 
 The task is grpo_vs_trl.py's: 1 prompt x 8 runs x 32 new tokens, LoRA r=8 on all linear layers, fp32 on CPU.
 ``qwen-0.5b-shape`` is built offline (benchmarks/engines.py). TRL needs ``pip install -e ".[bench]"``.
@@ -76,7 +78,7 @@ def vowels(text: str) -> float:
     return sum(c in "aeiouAEIOU" for c in chars) / len(chars) if chars else 0.0
 
 
-def run_ours(model: Path, share_weights: bool | None = None) -> dict[str, float]:
+def run_ours(model: Path, share_weights: bool | None = None, checkpointing: bool | None = None) -> dict[str, float]:
     import fastapi  # noqa: F401 - imported before `idle` is read, so idle holds the libraries, not the model
     import peft  # noqa: F401
     import transformers  # noqa: F401
@@ -95,7 +97,8 @@ def run_ours(model: Path, share_weights: bool | None = None) -> dict[str, float]
     with tempfile.TemporaryDirectory() as home, art.LocalBackend(home=home, engine_options=options) as backend:
         policy = art.TrainableModel(name="mem", project="bench", base_model=str(model)).register(backend)
         llm = art.ChatART(model=policy, temperature=1.0, max_tokens=NEW_TOKENS)  # type: ignore[call-arg,arg-type]
-        config = art.GRPOConfig(learning_rate=1e-4, per_device_train_batch_size=N, lora_r=8, lora_alpha=16)
+        config = art.GRPOConfig(learning_rate=1e-4, per_device_train_batch_size=N, lora_r=8, lora_alpha=16,
+                                gradient_checkpointing=checkpointing)  # fmt: skip
         trainer = art.Trainer(one_agent_graph(llm), policy, rewards=[share], num_generations=N, config=config)
         scenarios = [{"id": "numbers", "input": {"messages": [("user", PROMPT[0]["content"])]}}]
         history = trainer.train(scenarios, steps=STEPS, progress=False)
@@ -150,7 +153,8 @@ def main() -> None:
 
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
         who, folder = args.one
-        runs = {"ours": run_ours, "ours-copy": lambda path: run_ours(path, share_weights=False), "trl": run_trl}
+        runs = {"ours": run_ours, "ours-copy": lambda path: run_ours(path, share_weights=False), "trl": run_trl,
+                "ours-lean": lambda path: run_ours(path, checkpointing=True)}  # fmt: skip
         result = runs[who](Path(folder))
         print("RESULT " + json.dumps(result))
         return

@@ -153,9 +153,11 @@ class GRPOConfig(BaseModel):
     )
     gradient_checkpointing: bool | None = Field(
         default=None,
-        description="Recompute each layer's activations in backward (memory for ~30% more step time). None: on for "
-        "models of 256 MiB of weights and more on a GPU, 1 GiB and more on CPU; off for smaller ones, which keep the "
-        "shared-prompt forward (one prompt forward per micro-batch, not possible under checkpointing).",
+        description="Recompute each layer's activations in backward (memory for ~1.5x the update's time with a frozen "
+        "base, and no shared-prompt forward). None: on a GPU from 256 MiB of weights; on CPU an RL step goes without "
+        "it where its activations (estimated from the model's shape) fit in half the memory available at its start, "
+        "splitting a micro-batch that does not fit, and checkpoints only when one sequence alone does not fit "
+        "(train/gradient_checkpointing says which); SFT on CPU from 1 GiB of weights.",
     )
     logits_chunk_size: int | None = Field(
         default=None, description="Tokens per LM-head chunk; None: chunks of <= 2**26 logits (256 MB in float32)."

@@ -444,6 +444,47 @@ def test_chunked_logits_and_gradient_checkpointing_give_the_same_update(
     assert other_metrics["train/loss"] == pytest.approx(plain_metrics["train/loss"], abs=1e-6)
 
 
+def test_a_step_on_cpu_splits_what_does_not_fit_and_checkpoints_only_when_a_sequence_cannot_fit(
+    tiny_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gradient_checkpointing=None on CPU: the step trains without checkpointing when its activations fit in half the
+    memory available; a micro-batch that does not fit is split (the same update), and only a sequence that does not
+    fit alone turns checkpointing on (also the same update)."""
+    from langgraph_art.train import trainer as trainer_module
+    from langgraph_art.train.activations import ACTIVATION_SHARE
+
+    def one_step(name: str, available: object) -> tuple[list[torch.Tensor], dict]:
+        trainer = GRPOTrainer(str(tiny_path), CONFIG, checkpoint_dir=tmp_path / name)
+        torch.manual_seed(0)
+        group = make_group(trainer, [1.0, 0.0, 0.5, 0.25])
+        turns = [t for run in group.trajectories for t in run.turns()]
+        longest = max(len(t.prompt_token_ids) + len(t.token_ids) for t in turns)
+        budget = {"plenty": 2**40, "one": longest * trainer._per_token, "none": 1}[str(available)]
+        monkeypatch.setattr(trainer_module, "available_bytes", lambda: int(budget / ACTIVATION_SHARE) + 1)
+        grads: list[torch.Tensor] = []
+        step = trainer.optimizer.step
+
+        def record(*args: object, **kwargs: object) -> object:
+            grads.extend(p.grad.detach().clone() for p in trainer.trainable_parameters() if p.grad is not None)
+            return step(*args, **kwargs)
+
+        trainer.optimizer.step = record  # type: ignore[method-assign]
+        result = trainer.step([group])
+        assert result.updated
+        return grads, result.metrics
+
+    plain, plain_metrics = one_step("plenty", "plenty")
+    split, split_metrics = one_step("one", "one")
+    tight, tight_metrics = one_step("none", "none")
+    assert (plain_metrics["train/micro_batches"], plain_metrics["train/gradient_checkpointing"]) == (2.0, 0.0)
+    assert (split_metrics["train/micro_batches"], split_metrics["train/gradient_checkpointing"]) == (4.0, 0.0)
+    assert (tight_metrics["train/micro_batches"], tight_metrics["train/gradient_checkpointing"]) == (2.0, 1.0)
+    assert any(g.abs().sum() > 0 for g in plain)
+    for other in (split, tight):
+        for a, b in zip(plain, other, strict=True):
+            assert (a - b).norm() <= 1e-4 * a.norm() + 1e-9
+
+
 def test_the_sampler_trainer_logprob_gap_is_reported_and_grows_in_bf16(tiny_path: Path, tmp_path: Path) -> None:
     """The turns' logprobs come from an fp32 forward (as the engine's): the fp32 trainer reproduces them; a bf16
     trainer does not, by an amount the metric shows (the importance ratio absorbs it), and still learns."""

@@ -41,6 +41,7 @@ from langgraph_art.models.loading import (
 from langgraph_art.models.lora import HookedLora, SharedBase
 from langgraph_art.models.precision import AUTOCAST_CPU_BYTES, cpu_compute_dtype, measure_matmul
 from langgraph_art.train import checkpoint
+from langgraph_art.train.activations import ACTIVATION_SHARE, available_bytes, bytes_per_token, fit_micro_batches
 from langgraph_art.train.advantages import Advantages, group_advantages
 from langgraph_art.train.batches import (
     batch_tensors,
@@ -151,6 +152,8 @@ class GRPOTrainer:
         # CHECKPOINTING_CPU_BYTES (see there): below, the shared-prompt forward it rules out is worth more
         cpu = base.device.type == "cpu"
         self._checkpoint_by_default = weight_bytes(base) >= (CHECKPOINTING_CPU_BYTES if cpu else LARGE_MODEL_BYTES)
+        self._checkpoint_now = self._checkpointing()  # an RL step's own (_plan_memory); SFT and scoring: this
+        self._per_token = bytes_per_token(base.config, next(base.parameters()).element_size())
         self._trims_heap = self._large and base.device.type == "cpu"  # after each step (see trim_heap)
         if self._trims_heap:
             return_large_buffers()  # activation temporaries would otherwise pile up in the heap (see there)
@@ -193,10 +196,25 @@ class GRPOTrainer:
 
     def _checkpointing(self) -> bool:
         """``gradient_checkpointing``, where None means: on for models of ``LARGE_MODEL_BYTES`` and more on a GPU,
-        ``CHECKPOINTING_CPU_BYTES`` and more on CPU."""
+        ``CHECKPOINTING_CPU_BYTES`` and more on CPU (an RL step on CPU decides by its activations: ``_plan_memory``)."""
         if self.config.gradient_checkpointing is not None:
             return self.config.gradient_checkpointing
         return self._checkpoint_by_default
+
+    def _plan_memory(self, batches: list[list[TrainSequence]]) -> list[list[TrainSequence]]:
+        """This step's micro-batches and whether it checkpoints (``_checkpoint_now``). Under ``gradient_checkpointing
+        =None`` on CPU: without checkpointing where the activations fit in ``ACTIVATION_SHARE`` of the memory
+        available now, a micro-batch that does not fit split into parts that do; checkpointing only where a single
+        sequence does not fit (``train/activations.py``). Elsewhere, or set: ``_checkpointing()``."""
+        available = available_bytes() if self.device.type == "cpu" else None
+        if self.config.gradient_checkpointing is not None or available is None or not batches:
+            self._checkpoint_now = self._checkpointing()
+            return batches
+        fitted, self._checkpoint_now = fit_micro_batches(batches, self._per_token, int(available * ACTIVATION_SHARE))
+        if len(fitted) > len(batches):
+            log.info("step %d: %d micro-batches split into %d to train without gradient checkpointing",
+                     self.step_count + 1, len(batches), len(fitted))  # fmt: skip
+        return fitted
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         """The LoRA parameters (listed once: walking the module tree every step costs milliseconds)."""
@@ -211,6 +229,7 @@ class GRPOTrainer:
         advantages = group_advantages(groups, cfg.scale_rewards, keep_uniform=taught)
         report = TokenizeReport(skipped=dict(advantages.skipped))
         runs = [t for g in groups for t in g.completed()]
+        self._checkpoint_now = self._checkpointing()  # the teacher's forward; the update's: _plan_memory
         teacher, teacher_stats = self._teach(groups, advantages) if cfg.teacher_model is not None else (None, {})
         sequences = build_sequences(
             runs, advantages, self.tokenizer, nodes=cfg.trainable_nodes, max_length=cfg.max_length, report=report,
@@ -230,6 +249,7 @@ class GRPOTrainer:
             )
 
         batches = self.ranks.share(micro_batches(sequences, cfg.per_device_train_batch_size))  # this rank's
+        batches = self._plan_memory(batches)  # split to fit without checkpointing, or checkpoint (CPU, None)
         total_tokens = sum(sum(s.mask) for s in sequences)
         keys = ["loss", "entropy", "kl", "clip_fraction", "ratio_mean"]
         keys += ["grammar/tokens", "grammar/mass"]  # summed: trained tokens under a grammar, the policy's mass inside
@@ -288,6 +308,8 @@ class GRPOTrainer:
             **({"train/later_passes/grad_norm": sum(norms[1:]) / len(norms[1:])} if len(norms) > 1 else {}),
             "train/sequences": float(len(sequences)),
             "train/longest_sequence": float(max(len(s) for s in sequences)),  # tokens: context and trained turns
+            "train/micro_batches": float(len(batches)),  # this rank's
+            "train/gradient_checkpointing": float(self._checkpoint_now),
             "train/tokens": float(total_tokens),
             "train/tokens_per_s": total_tokens / seconds,
             "train/seconds": seconds,
@@ -458,7 +480,7 @@ class GRPOTrainer:
     def _training(self) -> Iterator[None]:
         """The model in training mode with this trainer's adapter active, and back in eval mode after (on shared
         weights the engine runs next)."""
-        set_gradient_checkpointing(self.model, self._checkpointing())  # each turn: shared weights may differ
+        set_gradient_checkpointing(self.model, self._checkpoint_now)  # each turn: shared weights may differ
         self.model.train()
         try:
             with self.adapter():
@@ -484,6 +506,7 @@ class GRPOTrainer:
         sequences = sft_sequences(self.tokenizer, examples, nodes=nodes, max_length=self.config.max_length)
         if not sequences:
             raise LangGraphArtError("no SFT example has an assistant token to learn from")
+        self._checkpoint_now = self._checkpointing()
         with self._training():
             return sft_steps(self, sequences, steps, learning_rate or self.config.learning_rate)
 
@@ -514,7 +537,7 @@ class GRPOTrainer:
             temp,
             masks,
             trained=trained,
-            share_prefix=share_prefix and not self._checkpointing(),
+            share_prefix=share_prefix and not self._checkpoint_now,
             chunk_size=self.config.logits_chunk_size,
             apply_masks=self.config.constrained_logprobs == "masked",
         )
