@@ -136,8 +136,8 @@ def test_held_out_questions_are_on_the_training_database_and_on_one_never_seen(s
 @pytest.mark.slow
 def test_the_sql_agent_runs_the_tutorials_graph_and_trains_a_step(sql: Any, tmp_path: Path) -> None:
     """The example end to end on the tiny model (plumbing: the model is random): the tutorial's graph (the tables
-    listed, a forced schema call, then queries or an answer), held-out evaluations on both databases, a GRPO step,
-    every run scored."""
+    listed, a forced schema call, a forced first query, then queries or an answer), held-out evaluations on both
+    databases, a GRPO step, every run scored."""
     argv = ["--base-model", "tiny", "--steps", "1", "--train-questions", "4", "--held-out", "4",
             "--eval-generations", "1", "--num-generations", "2", "--max-tokens", "16", "--threads", "1",
             "--home", str(tmp_path)]  # fmt: skip
@@ -152,3 +152,4 @@ def test_the_sql_agent_runs_the_tutorials_graph_and_trains_a_step(sql: Any, tmp_
     run = summary["last_run"]  # the tables listed for the model, then its forced schema call, under a grammar
     assert run.tool_calls()[0].name == "sql_db_list_tables" and run.tool_calls()[0].result.startswith("customers")
     assert run.turns()[0].node == "call_get_schema" and run.turns()[0].grammar is not None
+    assert run.turns()[1].node == "generate_query" and run.turns()[1].grammar is not None  # the first query, forced
