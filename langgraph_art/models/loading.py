@@ -17,11 +17,10 @@ TINY_ALIASES: dict[str, dict[str, Any]] = {
 
 
 LARGE_MODEL_BYTES = 256 * 2**20  # from here on the engine shares its weights (and on a GPU the trainer checkpoints)
-# On CPU the trainer checkpoints by default from here on. Below, memory is plentiful next to the weights, and
-# checkpointing would cost the shared-prompt forward (a group's prompt run once per micro-batch): SmolLM2-135M
-# (513 MiB) took 44 s for a step of two BFCL groups of 8 (prompts ~300 tokens) without it and 189 s with it, at
-# 5.0 against 2.2 GB of peak RSS (one thread); the Qwen2.5-0.5B shape (1.3 GiB) keeps it, and with it its
-# 1.6x-the-weights memory bound (issue 14).
+# On CPU SFT checkpoints by default from here on; an RL step plans by its own activations (train/activations.py).
+# Below, memory is plentiful next to the weights, and checkpointing would cost the shared-prompt forward (a group's
+# prompt run once per micro-batch): SmolLM2-135M (513 MiB) took 44 s for a step of two BFCL groups of 8 (prompts
+# ~300 tokens) without it and 189 s with it, at 5.0 against 2.2 GB of peak RSS (one thread).
 CHECKPOINTING_CPU_BYTES = 2**30
 
 

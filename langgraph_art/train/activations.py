@@ -4,10 +4,10 @@ Gradient checkpointing keeps each layer's input only and runs the forward again 
 (LoRA), a backward costs about one forward, so checkpointing makes the update ~1.5x slower, and it rules out the
 shared-prompt forward. It is worth that where memory is the limit, which on CPU depends on the step, not the model:
 8 runs x 32 tokens of Qwen2.5-0.5B save ~1.5 GB for backward, 8 runs x 800 tokens ~28 GB. So on CPU, with
-``gradient_checkpointing=None``, the trainer estimates each micro-batch's activations (``activation_bytes``) and
-trains without checkpointing when they fit in ``ACTIVATION_SHARE`` of the memory available at the step's start,
-splitting a micro-batch that does not fit into smaller ones that do (the same update: each part's loss is weighted as
-before). Only when a single sequence does not fit does the step checkpoint.
+``gradient_checkpointing=None``, the trainer estimates each micro-batch's activations (``forwarded_tokens`` x
+``bytes_per_token``) and trains without checkpointing when they fit in ``ACTIVATION_SHARE`` of the memory available
+at the step's start, splitting a micro-batch that does not fit into smaller ones that do (the same update: each
+part's loss is weighted as before). Only when a single sequence does not fit does the step checkpoint.
 """
 
 from __future__ import annotations
