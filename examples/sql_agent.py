@@ -3,12 +3,13 @@
 The database is a shop generated from a seed: customers, products, orders and their lines (4 related tables, ~11k
 rows, realistic names). The graph is the tutorial's (``build_graph``): the tables are listed for the agent, the
 model must then call ``sql_db_schema`` on the tables it picks, then it must write a query (``sql_db_query``; the one
-call forced besides the tutorial's), reads the result and answers, or rewrites the query (at most ``MAX_QUERIES``).
-The tools are named, and answer, as langchain-community's ``SQLDatabaseToolkit`` does: ``sql_db_list_tables()``,
-``sql_db_schema(table_names)`` (each table's CREATE statement and 3 rows), ``sql_db_query(query)``. The connection
-is read-only three ways (SQLite's ``mode=ro``, ``PRAGMA query_only``, an authorizer that lets a statement only
-read): the agent can never write, attach or create a file. A query that runs longer than ``QUERY_SECONDS`` is
-stopped (SQLite's progress handler) and the agent is told so; a result is shown cut at ``MAX_ROWS`` rows.
+call forced besides the tutorial's), reads the result and answers, or looks at a schema again and rewrites the query
+(at most ``MAX_QUERIES``). The tools are named, and answer, as langchain-community's ``SQLDatabaseToolkit`` does:
+``sql_db_list_tables()``, ``sql_db_schema(table_names)`` (each table's CREATE statement and 3 rows),
+``sql_db_query(query)``. The connection is read-only three ways (SQLite's ``mode=ro``, ``PRAGMA query_only``, an
+authorizer that lets a statement only read): the agent can never write, attach or create a file. A query that runs
+longer than ``QUERY_SECONDS`` is stopped (SQLite's progress handler) and the agent is told so; a result is shown cut
+at ``MAX_ROWS`` rows.
 
 The questions come from templates that need a filter, a join or an aggregate, their parameters drawn from the data,
 each with a reference query. Reward, ``execution_match``: 1 when the rows of the agent's last query equal the
@@ -56,6 +57,7 @@ SYSTEM = (  # the tutorial's generate_query prompt, without its "limit your quer
 QUERY_SECONDS = 2.0  # a query running longer is stopped
 MAX_ROWS = 20  # rows shown to the agent; the reward compares every row
 MAX_QUERIES = 3  # queries per question: the first, and two rewrites after an error or an empty result
+MAX_CALLS = 5  # tool calls per question after the schema's: queries, and tables or schemas looked at again
 
 FIRST_NAMES = ["Olivia", "Liam", "Emma", "Noah", "Ava", "Mateo", "Sofia", "Lucas", "Mia", "Elijah", "Amara", "Kenji",
                "Priya", "Omar", "Ingrid", "Diego", "Chloe", "Tariq", "Hannah", "Wei", "Fatima", "Jonas", "Leila",
@@ -356,15 +358,18 @@ def scenario(question: dict[str, Any]) -> dict[str, Any]:
 def build_graph(llm: art.ChatART) -> Any:
     """The tutorial's graph: ``list_tables`` (no model: the call is made for it), ``call_get_schema`` (the model
     must call ``sql_db_schema``, on tables it picks), ``get_schema``, then ``generate_query`` (its first turn must
-    call ``sql_db_query``, later ones may call it or answer) and ``run_query`` in a loop, until it answers or has
-    run ``MAX_QUERIES`` queries. The forced first query is the bootstrap: left free, the untrained 0.5B answered
-    without a query in most runs (1 of 16 held-out runs matched; forced, 4 of 16), and a worked example in the
-    conversation made it answer at once, copying the example's last line (0 of 16).
+    call ``sql_db_query``; later ones may call any of the three tools, as the query tool's own description tells it
+    to check a table's columns with ``sql_db_schema`` after an error, or answer) and ``tools`` in a loop, until it
+    answers, has run ``MAX_QUERIES`` queries or made ``MAX_CALLS`` calls there. The forced first query is the
+    bootstrap: left free, the untrained 0.5B answered without a query in most runs (1 of 16 held-out runs matched;
+    forced, 4 of 16), and a worked example in the conversation made it answer at once, copying the example's last
+    line (0 of 16). With ``sql_db_query`` alone bound after the first query, its schema and table calls there (as
+    the tool description asks) could not be read: up to 2 a run, and they grew as it trained.
     The tutorial's ``check_query`` (a model call that reviews each query before it runs) is left out: one more
     model call a query, on two CPU cores."""
     get_schema_call = llm.bind_tools([sql_db_schema], tool_choice="sql_db_schema", parallel_tool_calls=False)
     first_query = llm.bind_tools([sql_db_query], tool_choice="sql_db_query", parallel_tool_calls=False)
-    query_or_answer = llm.bind_tools([sql_db_query], parallel_tool_calls=False)
+    query_or_answer = llm.bind_tools(TOOLS, parallel_tool_calls=False)
 
     def list_tables(state: SQLState) -> dict[str, Any]:
         call = {"name": "sql_db_list_tables", "args": {}, "id": "list_tables", "type": "tool_call"}
@@ -380,24 +385,25 @@ def build_graph(llm: art.ChatART) -> Any:
         llm_here = query_or_answer if queries_run.fn(state) else first_query  # the first query is forced
         return {"messages": [llm_here.invoke(state["messages"])]}
 
-    def after_query(state: SQLState) -> str:
-        return END if queries_run.fn(state) >= MAX_QUERIES else "generate_query"
+    def after_tools(state: SQLState) -> str:
+        calls = sum(len(getattr(m, "tool_calls", None) or []) for m in state["messages"]) - 2  # not tables, schema
+        return END if queries_run.fn(state) >= MAX_QUERIES or calls >= MAX_CALLS else "generate_query"
 
     def after_generate(state: SQLState) -> str:
-        return "run_query" if getattr(state["messages"][-1], "tool_calls", None) else END
+        return "tools" if getattr(state["messages"][-1], "tool_calls", None) else END
 
     graph = StateGraph(SQLState)
     graph.add_node("list_tables", list_tables)
     graph.add_node("call_get_schema", call_get_schema)
     graph.add_node("get_schema", ToolNode([sql_db_schema]))
     graph.add_node("generate_query", generate_query)
-    graph.add_node("run_query", ToolNode([sql_db_query]))
+    graph.add_node("tools", ToolNode(TOOLS))
     graph.add_edge(START, "list_tables")
     graph.add_edge("list_tables", "call_get_schema")
     graph.add_edge("call_get_schema", "get_schema")
     graph.add_edge("get_schema", "generate_query")
-    graph.add_conditional_edges("generate_query", after_generate, ["run_query", END])
-    graph.add_conditional_edges("run_query", after_query, ["generate_query", END])
+    graph.add_conditional_edges("generate_query", after_generate, ["tools", END])
+    graph.add_conditional_edges("tools", after_tools, ["generate_query", END])
     return graph.compile()
 
 
