@@ -288,13 +288,16 @@ class GRPOTrainer:
         if self._trims_heap:
             trim_heap()
         mine = [sum(getattr(m, f) for m in mismatches) for f in MISMATCH_SUMS]
-        totals = self.ranks.sum_values([*sums.values(), *last.values(), *mine])  # each rank summed its own
+        # each rank summed its own; the last value: the step's micro-batches over all ranks
+        totals = self.ranks.sum_values([*sums.values(), *last.values(), *mine, float(len(batches))])
         sums, last = (
             dict(zip(keys, totals[: len(keys)], strict=True)),
             dict(zip(keys, totals[len(keys) : 2 * len(keys)], strict=True)),
         )
-        mismatch = dict(zip(MISMATCH_SUMS, totals[2 * len(keys) :], strict=True))
-        (abs_max,) = self.ranks.max_values([max((m.abs_max for m in mismatches), default=0.0)])
+        mismatch = dict(zip(MISMATCH_SUMS, totals[2 * len(keys) : -1], strict=True))
+        abs_max, checkpointed = self.ranks.max_values(
+            [max((m.abs_max for m in mismatches), default=0.0), float(self._checkpoint_now)]
+        )  # checkpointed: 1 when any rank recomputed its activations
         seconds = time.perf_counter() - started
         constrained, mass = sums.pop("grammar/tokens"), sums.pop("grammar/mass")
         metrics = {
@@ -308,8 +311,8 @@ class GRPOTrainer:
             **({"train/later_passes/grad_norm": sum(norms[1:]) / len(norms[1:])} if len(norms) > 1 else {}),
             "train/sequences": float(len(sequences)),
             "train/longest_sequence": float(max(len(s) for s in sequences)),  # tokens: context and trained turns
-            "train/micro_batches": float(len(batches)),  # this rank's
-            "train/gradient_checkpointing": float(self._checkpoint_now),
+            "train/micro_batches": totals[-1],  # all ranks'
+            "train/gradient_checkpointing": checkpointed,
             "train/tokens": float(total_tokens),
             "train/tokens_per_s": total_tokens / seconds,
             "train/seconds": seconds,
