@@ -161,3 +161,17 @@ def example(name: str) -> Any:
 def records(run_dir: Path) -> list[dict[str, Any]]:
     """A training run's ``metrics.jsonl``, one dict per step or evaluation."""
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def recorded_gradients(trainer: Any) -> list[Any]:
+    """The LoRA gradients ``trainer``'s next optimizer steps see, appended to the returned list (Adam's first update
+    is ~lr * sign(grad), too coarse to compare updates by)."""
+    grads: list[Any] = []
+    step = trainer.optimizer.step
+
+    def record(*args: object, **kwargs: object) -> object:
+        grads.extend(p.grad.detach().clone() for p in trainer.trainable_parameters() if p.grad is not None)
+        return step(*args, **kwargs)
+
+    trainer.optimizer.step = record
+    return grads

@@ -14,6 +14,7 @@ from langgraph_art.config import GRPOConfig  # noqa: E402
 from langgraph_art.errors import ConfigError  # noqa: E402
 from langgraph_art.train.loss import policy_loss  # noqa: E402
 from langgraph_art.train.mismatch import importance_weights  # noqa: E402
+from tests.helpers import recorded_gradients  # noqa: E402
 
 L = math.log
 
@@ -109,14 +110,7 @@ def perturbed_step(tiny_path: Path, tmp_path: Path, mode: str, shift: float) -> 
     turn = group.trajectories[0].spans[0].turns[0]
     assert turn.logprobs is not None
     turn.logprobs[0] -= shift
-    grads: list = []
-    step = trainer.optimizer.step
-
-    def record(*args: object, **kwargs: object) -> object:
-        grads.extend(p.grad.detach().clone() for p in trainer.trainable_parameters() if p.grad is not None)
-        return step(*args, **kwargs)
-
-    trainer.optimizer.step = record  # type: ignore[method-assign]
+    grads = recorded_gradients(trainer)
     result = trainer.step([group])
     assert result.updated
     return result.metrics, grads

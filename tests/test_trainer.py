@@ -15,6 +15,7 @@ from langgraph_art.train.advantages import Advantages  # noqa: E402
 from langgraph_art.train.tokenize import build_sequences  # noqa: E402
 from langgraph_art.train.trainer import GRPOTrainer, TrainingAborted  # noqa: E402
 from langgraph_art.types import NodeSpan, Trajectory, TrajectoryGroup, Turn  # noqa: E402
+from tests.helpers import recorded_gradients  # noqa: E402
 
 CONFIG = GRPOConfig(learning_rate=1e-2, per_device_train_batch_size=3)
 
@@ -418,14 +419,7 @@ def lora_after_one_step(tiny_path: Path, tmp_path: Path, **config: object) -> tu
     """The LoRA gradients of one step (as the optimizer sees them: Adam's first update is ~lr * sign(grad), too
     coarse to compare) and its metrics."""
     trainer = GRPOTrainer(str(tiny_path), CONFIG.model_copy(update=config), checkpoint_dir=tmp_path / str(config))
-    grads: list[torch.Tensor] = []
-    step = trainer.optimizer.step
-
-    def record(*args: object, **kwargs: object) -> object:
-        grads.extend(p.grad.detach().clone() for p in trainer.trainable_parameters() if p.grad is not None)
-        return step(*args, **kwargs)
-
-    trainer.optimizer.step = record  # type: ignore[method-assign]
+    grads = recorded_gradients(trainer)
     result = trainer.step([make_group(trainer, [1.0, 0.0, 0.5, 0.25])])
     assert result.updated and grads
     return grads, result.metrics
@@ -461,14 +455,7 @@ def test_a_step_on_cpu_splits_what_does_not_fit_and_checkpoints_only_when_a_sequ
         longest = max(len(t.prompt_token_ids) + len(t.token_ids) for t in turns)
         budget = {"plenty": 2**40, "one": longest * trainer._per_token, "none": 1}[str(available)]
         monkeypatch.setattr(trainer_module, "available_bytes", lambda: int(budget / ACTIVATION_SHARE) + 1)
-        grads: list[torch.Tensor] = []
-        step = trainer.optimizer.step
-
-        def record(*args: object, **kwargs: object) -> object:
-            grads.extend(p.grad.detach().clone() for p in trainer.trainable_parameters() if p.grad is not None)
-            return step(*args, **kwargs)
-
-        trainer.optimizer.step = record  # type: ignore[method-assign]
+        grads = recorded_gradients(trainer)
         result = trainer.step([group])
         assert result.updated
         return grads, result.metrics
